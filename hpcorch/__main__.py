@@ -1,0 +1,3 @@
+from hpcorch.cli import main
+
+main()

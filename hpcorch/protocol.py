@@ -1,0 +1,48 @@
+"""The contract between the controller, the job wrapper and the in-job runtime.
+
+Everything that crosses a process boundary is named here once: exit codes, environment
+variables and the files in a job's directory. Pure constants; imports nothing.
+"""
+
+from __future__ import annotations
+
+# --- exit codes of a training process (and of the job wrapper) -----------------------
+EXIT_DONE = 0
+"""Training finished."""
+EXIT_FAILED = 1
+"""Training failed; any code that is neither EXIT_DONE nor EXIT_RELAUNCH means failure."""
+EXIT_RELAUNCH = 75
+"""Checkpointed at a safe point on request: relaunch me (possibly at another size).
+
+75 is EX_TEMPFAIL from sysexits.h: a temporary condition, try again later."""
+
+# --- signals ----------------------------------------------------------------------------
+CHECKPOINT_SIGNAL = "USR2"
+"""Default signal that asks a job to checkpoint at its next step boundary and exit.
+
+NCCL uses SIGUSR1 internally, so hpcorch uses SIGUSR2."""
+
+# --- environment variables set by the job wrapper -------------------------------------
+ENV_JOB_DIR = "HPCORCH_JOB_DIR"
+"""Directory of this hpcorch job: plan, metrics, checkpoints, logs."""
+ENV_PLAN = "HPCORCH_PLAN"
+"""Path of the plan file (JSON) for the current launch."""
+ENV_GLOBAL_BATCH = "HPCORCH_GLOBAL_BATCH"
+ENV_PER_GPU_BATCH = "HPCORCH_PER_GPU_BATCH"
+ENV_ACCUM_STEPS = "HPCORCH_ACCUM_STEPS"
+ENV_MAX_PER_GPU_BATCH = "HPCORCH_MAX_PER_GPU_BATCH"
+ENV_LAUNCH = "HPCORCH_LAUNCH"
+"""Launch counter of this job (0 for the first launch, +1 per relaunch)."""
+ENV_CKPT_SIGNAL = "HPCORCH_CKPT_SIGNAL"
+
+# --- files in a job directory -----------------------------------------------------------
+PLAN_FILE = "plan.json"
+METRICS_FILE = "metrics.jsonl"
+HEARTBEAT_FILE = "heartbeat"
+CHECKPOINT_DIR = "checkpoints"
+JOB_SPEC_FILE = "job.json"
+BATCH_SCRIPT_FILE = "job.sbatch"
+
+# --- Slurm conventions -------------------------------------------------------------------
+JOB_COMMENT_TAG = "hpcorch"
+"""Every job hpcorch submits carries a Slurm comment starting with this tag."""
