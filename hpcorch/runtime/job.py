@@ -141,6 +141,8 @@ class ElasticJob:
         self._dataset_size = 0
         main = self.rank == 0
         jd = settings.job_dir
+        if main:
+            jd.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir = jd / CHECKPOINT_DIR
         self.metrics = MetricsWriter(jd / METRICS_FILE if main else None, settings.metrics_interval)
         self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
@@ -218,7 +220,8 @@ class ElasticJob:
         if self.device.type == "cuda":
             ddp_kwargs.setdefault("device_ids", [self.device])
         self._ddp = DistributedDataParallel(module, **ddp_kwargs)
-        self._ddp.register_comm_hook(None, self.noise.hook)
+        # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
+        self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
         return self._ddp
 
     def track(
