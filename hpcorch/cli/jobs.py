@@ -2,22 +2,131 @@
 
 from __future__ import annotations
 
+import getpass
+import json
+import time
+from pathlib import Path
+
 import click
 
+from hpcorch.errors import HpcorchError
+from hpcorch.slurm.backend import SlurmCLI
+from hpcorch.slurm.script import SpecError, check_name, check_time, parse_comment
+from hpcorch.status import job_rows, pool_rows, render_status, status_document
+from hpcorch.submit import SubmitRequest
+from hpcorch.submit import submit as submit_job
+
+
+def _fail(exc: HpcorchError) -> click.ClickException:
+    return click.ClickException(str(exc))
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--min-gpus", type=click.IntRange(min=1), required=True, help="Fewest GPUs.")
+@click.option("--max-gpus", type=click.IntRange(min=1), help="Most GPUs [default: min].")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size to start with.")
+@click.option("--max-batch-size", type=click.IntRange(min=1), help="Largest global batch size.")
+@click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00 or 1-12.")
+@click.option("--partition", help="Slurm partition [default: Slurm's default].")
+@click.option("--name", help="Job name [default: the script's name].")
+@click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU task.")
+@click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
+@click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
+def submit(
+    script: str,
+    script_args: tuple[str, ...],
+    min_gpus: int,
+    max_gpus: int | None,
+    batch_size: int | None,
+    max_batch_size: int | None,
+    time_limit: str | None,
+    partition: str | None,
+    name: str | None,
+    cpus_per_gpu: int | None,
+    dry_run: bool,
+    parsable: bool,
+) -> None:
+    """Submit SCRIPT (a PyTorch training script) with SCRIPT_ARGS.
+
+    Put hpcorch's options before SCRIPT; everything after SCRIPT goes to the script
+    unchanged (use `--` before script options that hpcorch also has).
+    """
+    max_gpus = max_gpus or min_gpus
+    if max_gpus < min_gpus:
+        raise click.UsageError(f"--min-gpus {min_gpus} is above --max-gpus {max_gpus}")
+    if batch_size and max_batch_size and max_batch_size < batch_size:
+        raise click.UsageError(
+            f"--batch-size {batch_size} is above --max-batch-size {max_batch_size}"
+        )
+    name = name or Path(script).stem.replace(" ", "_") or "job"
+    try:
+        check_name(name)
+        if time_limit:
+            check_time(time_limit)
+    except SpecError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if script_args[:1] == ("--",):
+        script_args = script_args[1:]
+    req = SubmitRequest(
+        script=script,
+        script_args=script_args,
+        min_gpus=min_gpus,
+        max_gpus=max_gpus,
+        name=name,
+        batch_size=batch_size,
+        max_batch_size=max_batch_size,
+        time_limit=time_limit,
+        partition=partition,
+        cpus_per_gpu=cpus_per_gpu,
+    )
+    try:
+        result = submit_job(req, SlurmCLI(), dry_run=dry_run)
+    except HpcorchError as exc:
+        raise _fail(exc) from exc
+    if dry_run:
+        click.echo(result.script_text, nl=False)
+    elif parsable:
+        click.echo(str(result.slurm_id))
+    else:
+        click.echo(f"Submitted job {result.slurm_id} ({result.job_key}); files in {result.job_dir}")
+
 
 @click.command()
-def submit() -> None:
-    """Submit a training script."""
-    raise click.UsageError("not implemented yet")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option("--me", is_flag=True, help="Only my jobs.")
+def status(as_json: bool, me: bool) -> None:
+    """Show the pool and hpcorch's jobs."""
+    backend = SlurmCLI()
+    try:
+        jobs = backend.jobs()
+        nodes = backend.nodes()
+        _, default = backend.partitions()
+    except HpcorchError as exc:
+        raise _fail(exc) from exc
+    rows = job_rows(jobs, int(time.time()), user=getpass.getuser() if me else None)
+    pool = pool_rows(nodes, default)
+    if as_json:
+        click.echo(json.dumps(status_document(pool, rows), indent=2))
+    else:
+        click.echo(render_status(pool, rows))
 
 
 @click.command()
-def status() -> None:
-    """Show hpcorch jobs."""
-    raise click.UsageError("not implemented yet")
-
-
-@click.command()
-def cancel() -> None:
-    """Cancel a job."""
-    raise click.UsageError("not implemented yet")
+@click.argument("job_id", type=click.IntRange(min=1))
+def cancel(job_id: int) -> None:
+    """Cancel hpcorch job JOB_ID (its Slurm job id)."""
+    backend = SlurmCLI()
+    try:
+        job = next((j for j in backend.jobs() if j.job_id == job_id), None)
+        if job is None:
+            raise HpcorchError(f"no job {job_id} in Slurm")
+        if parse_comment(job.comment) is None:
+            raise HpcorchError(f"job {job_id} was not submitted by hpcorch")
+        if job.state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
+            raise HpcorchError(f"job {job_id} already ended ({job.state})")
+        backend.cancel(job_id, signal=None)
+    except HpcorchError as exc:
+        raise _fail(exc) from exc
+    click.echo(f"cancelled job {job_id}")

@@ -1,0 +1,141 @@
+"""The one IO seam to Slurm. ``SlurmCLI`` drives sbatch/squeue/sinfo/scontrol/scancel.
+
+Every call is one subprocess with an argument list (never a shell), a timeout, and a
+one-line error naming the command and Slurm's own message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
+
+
+class SlurmBackend(Protocol):
+    """What hpcorch needs from Slurm."""
+
+    def submit(self, script: str, args: Sequence[str] = ()) -> int: ...
+    def jobs(self) -> list[SlurmJob]: ...
+    def nodes(self) -> list[SlurmNode]: ...
+    def partitions(self) -> tuple[list[str], str | None]: ...
+    def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None: ...
+
+
+class SlurmCLI:
+    """Slurm through its command-line tools (works with 22.05 through 24.x)."""
+
+    def __init__(self, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> None:
+        self.timeout = timeout
+        self.env = dict(os.environ if env is None else env)
+        self.calls = 0
+        """Slurm commands run by this backend (for metrics and tests)."""
+
+    # --- plumbing -----------------------------------------------------------------------
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        """Run one Slurm command; its stdout, or a SlurmCommandError/SlurmUnavailable."""
+        exe = shutil.which(argv[0], path=self.env.get("PATH"))
+        if exe is None:
+            raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
+        self.calls += 1
+        try:
+            proc = subprocess.run(
+                [exe, *argv[1:]],
+                input=stdin,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                env=self.env,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmUnavailable(
+                f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
+            ) from exc
+        if proc.returncode != 0:
+            msg = _first_error_line(proc.stderr) or f"exit code {proc.returncode}"
+            if _unreachable(proc.stderr):
+                raise SlurmUnavailable(f"Slurm is not reachable ({argv[0]}: {msg})")
+            raise SlurmCommandError(f"{argv[0]} failed: {msg}")
+        return proc.stdout
+
+    def _json(self, argv: Sequence[str]) -> dict[str, Any]:
+        out = self.run(argv)
+        try:
+            doc = json.loads(out)
+        except json.JSONDecodeError as exc:
+            raise SlurmCommandError(f"{argv[0]} --json printed no valid JSON: {exc}") from exc
+        if not isinstance(doc, dict):
+            raise SlurmCommandError(f"{argv[0]} --json printed {type(doc).__name__}, not object")
+        return doc
+
+    # --- queries ------------------------------------------------------------------------
+    def jobs(self) -> list[SlurmJob]:
+        """Every job slurmctld knows (22.05 ignores squeue's filters with --json anyway)."""
+        return parse_squeue(self._json(["squeue", "--json"]))
+
+    def nodes(self) -> list[SlurmNode]:
+        doc = self._json(["sinfo", "--json"])
+        if "nodes" not in doc:  # 23.11+ groups sinfo output; scontrol has the flat list
+            doc = self._json(["scontrol", "show", "nodes", "--json"])
+        return parse_nodes(doc)
+
+    def partitions(self) -> tuple[list[str], str | None]:
+        """Partition names, and the default partition (None if there is none)."""
+        out = self.run(["sinfo", "-h", "-o", "%P"])
+        raw = {line.strip() for line in out.splitlines() if line.strip()}
+        default = next((p.rstrip("*") for p in raw if p.endswith("*")), None)
+        return sorted(p.rstrip("*") for p in raw), default
+
+    def ping(self) -> None:
+        """Raise SlurmUnavailable unless slurmctld answers."""
+        out = self.run(["scontrol", "ping"])
+        if "UP" not in out:
+            raise SlurmUnavailable(f"slurmctld is not up: {out.strip()}")
+
+    # --- actions ------------------------------------------------------------------------
+    def submit(self, script: str, args: Sequence[str] = ()) -> int:
+        """sbatch a script given as text; extra sbatch options in ``args``. Returns job id."""
+        out = self.run(["sbatch", "--parsable", *args], stdin=script)
+        first = out.strip().split(";")[0]
+        if not first.isdigit():
+            raise SlurmCommandError(f"sbatch printed no job id: {out.strip()!r}")
+        return int(first)
+
+    def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None:
+        argv = ["scancel"]
+        if signal:
+            argv.append(f"--signal={signal}")
+        if batch_only:
+            argv.append("--batch")
+        self.run([*argv, str(job_id)])
+
+    def scontrol(self, *args: str) -> str:
+        return self.run(["scontrol", *args])
+
+
+def _first_error_line(stderr: str) -> str:
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    for ln in lines:
+        if "error" in ln.lower() or "fatal" in ln.lower():
+            return ln
+    return lines[0] if lines else ""
+
+
+def _unreachable(stderr: str) -> bool:
+    text = stderr.lower()
+    return any(
+        s in text
+        for s in (
+            "unable to contact slurm controller",
+            "could not establish a configuration source",
+            "connection refused",
+            "socket timed out",
+            "unable to establish controller",
+        )
+    )

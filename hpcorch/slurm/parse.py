@@ -1,0 +1,168 @@
+"""Parse ``squeue --json`` and ``sinfo --json`` across Slurm versions. Pure functions.
+
+Slurm 22.05 emits OpenAPI v0.0.38 shapes: plain strings and integers. From 23.11 on,
+states are lists (``["RUNNING"]``), numbers are ``{"set": true, "infinite": false,
+"number": 5}`` and exit codes are ``{"status": [...], "return_code": {...}}``. Every
+accessor here accepts both.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+_GPU_RE = re.compile(r"(?:^|[,/])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
+
+
+def _num(value: Any, default: int = 0) -> int:
+    """An integer from a plain number or a 23.11+ ``{"set","infinite","number"}`` dict."""
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int | float):
+        return int(value)
+    if isinstance(value, Mapping):
+        if not value.get("set", True) or value.get("infinite", False):
+            return default
+        return _num(value.get("number", default), default)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return default
+
+
+def _states(value: Any) -> tuple[str, ...]:
+    """Job or node state(s): ``"RUNNING"``, ``"mixed"`` or ``["IDLE", "DRAIN"]``."""
+    if isinstance(value, str):
+        return tuple(s for s in value.upper().replace("+", " ").split() if s)
+    if isinstance(value, Sequence):
+        return tuple(str(s).upper() for s in value)
+    return ()
+
+
+def _exit_code(value: Any) -> int:
+    if isinstance(value, Mapping):
+        rc = value.get("return_code", 0)
+        signal = value.get("signal", {})
+        if isinstance(signal, Mapping) and _num(signal.get("id"), 0):
+            return 128 + _num(signal.get("id"), 0)
+        return _num(rc, 0)
+    return _num(value, 0)
+
+
+def gpus_in(tres: str | None) -> int:
+    """GPUs named in a TRES/GRES string such as ``gres:gpu:4`` or ``cpu=2,gres/gpu=4``."""
+    if not tres:
+        return 0
+    return sum(int(m.group(1)) for m in _GPU_RE.finditer(tres))
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """One job as squeue reports it."""
+
+    job_id: int
+    name: str
+    user: str
+    state: str
+    """Primary state, e.g. PENDING, RUNNING, COMPLETED, FAILED."""
+    reason: str
+    partition: str
+    nodes: str
+    node_count: int
+    gpus_per_node: int
+    comment: str
+    submit_time: int
+    start_time: int
+    end_time: int
+    time_limit_min: int
+    restarts: int
+    exit_code: int
+    work_dir: str
+    reservation: str
+    held: bool
+
+    @property
+    def gpus(self) -> int:
+        return self.gpus_per_node * self.node_count
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    """One node as sinfo reports it."""
+
+    name: str
+    address: str
+    states: tuple[str, ...]
+    partitions: tuple[str, ...]
+    cpus: int
+    gpus: int
+    gpus_used: int
+    reason: str
+
+    @property
+    def usable(self) -> bool:
+        """Up and schedulable (not down, drained, failing or not responding)."""
+        bad = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}
+        bad |= {"INVAL", "UNKNOWN", "POWERED_DOWN", "FUTURE", "MAINTENANCE", "REBOOT_ISSUED"}
+        return bool(self.states) and not (set(self.states) & bad) and "*" not in self.states
+
+
+def _job(raw: Mapping[str, Any]) -> SlurmJob:
+    states = _states(raw.get("job_state"))
+    tres = raw.get("tres_per_node") or ""
+    if not isinstance(tres, str):
+        tres = ",".join(str(t) for t in tres)
+    node_count = _num(raw.get("node_count"), 0)
+    if not node_count and isinstance(raw.get("nodes"), str) and raw["nodes"]:
+        node_count = 1
+    reason = str(raw.get("state_reason") or "")
+    priority = _num(raw.get("priority"), 1)
+    return SlurmJob(
+        job_id=_num(raw.get("job_id")),
+        name=str(raw.get("name") or ""),
+        user=str(raw.get("user_name") or raw.get("user_id") or ""),
+        state=states[0] if states else "UNKNOWN",
+        reason="None" if reason in ("", "None") else reason,
+        partition=str(raw.get("partition") or ""),
+        nodes=str(raw.get("nodes") or ""),
+        node_count=node_count,
+        gpus_per_node=gpus_in(tres),
+        comment=str(raw.get("comment") or ""),
+        submit_time=_num(raw.get("submit_time")),
+        start_time=_num(raw.get("start_time")),
+        end_time=_num(raw.get("end_time")),
+        time_limit_min=_num(raw.get("time_limit")),
+        restarts=_num(raw.get("restart_cnt")),
+        exit_code=_exit_code(raw.get("exit_code")),
+        work_dir=str(raw.get("current_working_directory") or ""),
+        reservation=str(raw.get("resv_name") or ""),
+        held=priority == 0 and "PENDING" in states,
+    )
+
+
+def parse_squeue(doc: Mapping[str, Any]) -> list[SlurmJob]:
+    """Jobs from a ``squeue --json`` document (any supported version)."""
+    return [_job(j) for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+
+
+def _node(raw: Mapping[str, Any]) -> SlurmNode:
+    states = _states(raw.get("state")) + _states(raw.get("state_flags"))
+    parts = raw.get("partitions") or []
+    if isinstance(parts, str):
+        parts = parts.split(",")
+    return SlurmNode(
+        name=str(raw.get("name") or raw.get("hostname") or ""),
+        address=str(raw.get("address") or ""),
+        states=states,
+        partitions=tuple(str(p) for p in parts),
+        cpus=_num(raw.get("cpus")),
+        gpus=gpus_in(str(raw.get("gres") or "")),
+        gpus_used=gpus_in(str(raw.get("gres_used") or "")),
+        reason=str(raw.get("reason") or ""),
+    )
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
+    """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
+    return [_node(n) for n in doc.get("nodes") or [] if isinstance(n, Mapping)]

@@ -1,0 +1,181 @@
+"""Render the batch script of an hpcorch job. Pure: a JobSpec in, script text out.
+
+The script holds Slurm options as ``#SBATCH`` lines and hands the work to the job wrapper
+(jobscripts/hpcorch-run.sbatch). Every user-supplied string that reaches a shell line is
+quoted with shlex.quote; strings in ``#SBATCH`` lines are validated instead, since sbatch
+does not parse those lines with a shell.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hpcorch import __version__
+from hpcorch.protocol import (
+    CHECKPOINT_SIGNAL,
+    ENV_CKPT_SIGNAL,
+    ENV_GLOBAL_BATCH,
+    ENV_JOB_DIR,
+    ENV_MAX_PER_GPU_BATCH,
+    JOB_COMMENT_TAG,
+)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2})$")
+SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@%=-]+$")
+
+
+class SpecError(ValueError):
+    """A JobSpec field cannot be rendered."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything the batch script of one launch needs."""
+
+    job_key: str
+    """hpcorch's own id of the job (stable across relaunches)."""
+    name: str
+    script: str
+    script_args: tuple[str, ...]
+    nodes: int
+    gpus_per_node: int
+    min_gpus: int
+    max_gpus: int
+    job_dir: str
+    wrapper: str
+    cpus_per_task: int = 1
+    global_batch: int | None = None
+    max_global_batch: int | None = None
+    max_per_gpu_batch: int | None = None
+    partition: str | None = None
+    reservation: str | None = None
+    time_limit: str | None = None
+    python: str | None = None
+    signal_lead_s: int = 120
+    extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def comment(self) -> str:
+        """The Slurm comment that marks the job as hpcorch's and carries its bounds."""
+        parts = [f"id={self.job_key}", f"min={self.min_gpus}", f"max={self.max_gpus}"]
+        if self.global_batch:
+            parts.append(f"batch={self.global_batch}")
+        if self.max_global_batch:
+            parts.append(f"maxbatch={self.max_global_batch}")
+        return f"{JOB_COMMENT_TAG}:" + ",".join(parts)
+
+
+def parse_comment(comment: str) -> dict[str, str] | None:
+    """The fields of an hpcorch comment, or None for a job hpcorch did not submit."""
+    if not comment.startswith(JOB_COMMENT_TAG + ":"):
+        return None
+    fields: dict[str, str] = {}
+    for part in comment[len(JOB_COMMENT_TAG) + 1 :].split(","):
+        key, sep, value = part.partition("=")
+        if sep:
+            fields[key] = value
+    return fields
+
+
+def check_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise SpecError(
+            f"invalid job name {name!r}: use 1-64 letters, digits and _ . + - "
+            "(starting with a letter or digit)"
+        )
+    return name
+
+
+def check_time(limit: str) -> str:
+    if not TIME_RE.match(limit):
+        raise SpecError(
+            f"invalid time limit {limit!r}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
+            "or D-HH:MM:SS"
+        )
+    return limit
+
+
+def check_sbatch_path(path: str, what: str) -> str:
+    if not SAFE_PATH_RE.match(path):
+        raise SpecError(
+            f"{what} {path!r} contains characters that cannot appear in an #SBATCH line "
+            "(use letters, digits and _ . / + @ % = -)"
+        )
+    return path
+
+
+def render_batch_script(spec: JobSpec) -> str:
+    """The batch script for ``spec``: deterministic, so it can be golden-file tested."""
+    check_name(spec.name)
+    check_sbatch_path(spec.job_dir, "job directory")
+    if spec.nodes < 1 or spec.gpus_per_node < 1:
+        raise SpecError(
+            f"need at least one node and one GPU, got {spec.nodes}x{spec.gpus_per_node}"
+        )
+    sb: list[str] = [
+        f"--job-name={spec.name}",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={spec.gpus_per_node}",
+        f"--gres=gpu:{spec.gpus_per_node}",
+        f"--cpus-per-task={spec.cpus_per_task}",
+    ]
+    if spec.partition:
+        sb.append(f"--partition={check_sbatch_path(spec.partition, 'partition')}")
+    if spec.reservation:
+        sb.append(f"--reservation={check_sbatch_path(spec.reservation, 'reservation')}")
+    if spec.time_limit:
+        sb.append(f"--time={check_time(spec.time_limit)}")
+    sb += [
+        f"--output={spec.job_dir}/slurm-%j.out",
+        "--open-mode=append",
+        "--requeue",
+        f"--signal=B:{CHECKPOINT_SIGNAL}@{spec.signal_lead_s}",
+        f"--comment={spec.comment()}",
+    ]
+    env: list[tuple[str, str]] = [
+        (ENV_JOB_DIR, spec.job_dir),
+        (ENV_CKPT_SIGNAL, CHECKPOINT_SIGNAL),
+    ]
+    if spec.global_batch:
+        env.append((ENV_GLOBAL_BATCH, str(spec.global_batch)))
+    if spec.max_per_gpu_batch:
+        env.append((ENV_MAX_PER_GPU_BATCH, str(spec.max_per_gpu_batch)))
+    if spec.python:
+        env.append(("HPCORCH_PYTHON", spec.python))
+    env += list(spec.extra_env)
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {opt}" for opt in sb),
+        f"# hpcorch job {spec.job_key}: generated by hpcorch {__version__}.",
+        f"# {spec.min_gpus}-{spec.max_gpus} GPUs; this launch: {spec.nodes} node(s) x "
+        f"{spec.gpus_per_node} GPU(s).",
+        *(f"export {key}={shlex.quote(value)}" for key, value in env),
+        "exec bash " + " ".join(shlex.quote(a) for a in _command(spec)),
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _command(spec: JobSpec) -> Sequence[str]:
+    return [spec.wrapper, spec.script, *spec.script_args]
+
+
+def choose_shape(gpus: int, gpus_per_node: int, max_nodes: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) for ``gpus`` GPUs: as few nodes as possible, equal per node."""
+    if gpus < 1:
+        raise SpecError(f"need at least one GPU, got {gpus}")
+    first = -(-gpus // gpus_per_node)
+    for nodes in range(first, min(gpus, max_nodes) + 1):
+        if gpus % nodes == 0:
+            return nodes, gpus // nodes
+    raise SpecError(
+        f"{gpus} GPUs cannot be spread evenly over at most {max_nodes} nodes of "
+        f"{gpus_per_node} GPUs"
+    )

@@ -1,0 +1,155 @@
+"""Submitting a job: validate against the pool, render the batch script, sbatch it."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from hpcorch.errors import SubmitError
+from hpcorch.paths import jobs_dir, wrapper_path
+from hpcorch.protocol import BATCH_SCRIPT_FILE, JOB_SPEC_FILE
+from hpcorch.slurm.backend import SlurmBackend
+from hpcorch.slurm.parse import SlurmNode
+from hpcorch.slurm.script import JobSpec, SpecError, choose_shape, render_batch_script
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What a user asks for with ``hpcorch submit``."""
+
+    script: str
+    script_args: tuple[str, ...]
+    min_gpus: int
+    max_gpus: int
+    name: str
+    batch_size: int | None = None
+    max_batch_size: int | None = None
+    time_limit: str | None = None
+    partition: str | None = None
+    cpus_per_gpu: int | None = None
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_key: str
+    script_text: str
+    job_dir: Path
+    slurm_id: int | None
+    """None for a dry run."""
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    partition: str
+    nodes: int
+    gpus_per_node: int
+    cpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def pool_shape(nodes: Sequence[SlurmNode], partition: str) -> PoolShape:
+    """The GPU shape of a partition (the smallest node sets the per-node figures)."""
+    mine = [n for n in nodes if partition in n.partitions]
+    gpu_nodes = [n for n in mine if n.gpus > 0]
+    if not gpu_nodes:
+        raise SubmitError(f"partition '{partition}' has no GPU nodes")
+    return PoolShape(
+        partition=partition,
+        nodes=len(gpu_nodes),
+        gpus_per_node=min(n.gpus for n in gpu_nodes),
+        cpus_per_node=min(n.cpus for n in gpu_nodes),
+    )
+
+
+def resolve_partition(backend: SlurmBackend, wanted: str | None) -> str:
+    names, default = backend.partitions()
+    if wanted is None:
+        if default is None:
+            raise SubmitError("Slurm has no default partition: pass --partition")
+        return default
+    if wanted not in names:
+        raise SubmitError(f"unknown partition '{wanted}' (valid: {', '.join(names) or 'none'})")
+    return wanted
+
+
+def new_job_key(name: str) -> str:
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path) -> JobSpec:
+    if req.min_gpus > shape.gpus:
+        raise SubmitError(
+            f"--min-gpus {req.min_gpus} exceeds the {shape.gpus} GPUs of partition "
+            f"'{shape.partition}' ({shape.nodes} nodes x {shape.gpus_per_node})"
+        )
+    max_gpus = min(req.max_gpus, shape.gpus)
+    try:
+        nodes, per_node = choose_shape(req.min_gpus, shape.gpus_per_node, shape.nodes)
+    except SpecError as exc:
+        raise SubmitError(str(exc)) from exc
+    cpus = req.cpus_per_gpu or max(1, shape.cpus_per_node // shape.gpus_per_node)
+    return JobSpec(
+        job_key=job_key,
+        name=req.name,
+        script=str(Path(req.script).resolve()),
+        script_args=req.script_args,
+        nodes=nodes,
+        gpus_per_node=per_node,
+        min_gpus=req.min_gpus,
+        max_gpus=max_gpus,
+        job_dir=str(job_dir),
+        wrapper=str(wrapper_path()),
+        cpus_per_task=cpus,
+        global_batch=req.batch_size,
+        max_global_batch=req.max_batch_size,
+        partition=shape.partition,
+        time_limit=req.time_limit,
+        python=sys.executable,
+    )
+
+
+def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> SubmitResult:
+    """Submit ``req`` straight to Slurm at its minimum GPU count."""
+    partition = resolve_partition(backend, req.partition)
+    shape = pool_shape(backend.nodes(), partition)
+    job_key = new_job_key(req.name)
+    job_dir = jobs_dir() / job_key
+    spec = build_spec(req, shape, job_key, job_dir)
+    try:
+        text = render_batch_script(spec)
+    except SpecError as exc:
+        raise SubmitError(str(exc)) from exc
+    if dry_run:
+        return SubmitResult(job_key, text, job_dir, None)
+    job_dir.mkdir(parents=True, mode=0o750)
+    (job_dir / BATCH_SCRIPT_FILE).write_text(text)
+    record: dict[str, object] = {
+        "job_key": job_key,
+        "request": asdict(req),
+        "spec": asdict(spec),
+        "slurm_id": None,
+    }
+    _write_json(job_dir / JOB_SPEC_FILE, record)
+    slurm_id = backend.submit(text)
+    record["slurm_id"] = slurm_id
+    _write_json(job_dir / JOB_SPEC_FILE, record)
+    return SubmitResult(job_key, text, job_dir, slurm_id)
+
+
+def _write_json(path: Path, doc: object) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(doc, fh, indent=2)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
