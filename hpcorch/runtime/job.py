@@ -476,6 +476,7 @@ class ElasticJob:
             resumed=self._resume is not None,
             launcher=self.dist.launcher,
             backend=self.dist.backend,
+            master=f"{self.dist.master_addr}:{self.dist.master_port}",
             gpus=self.world_size,
             global_batch=self.global_batch,
             requested_batch=self.settings.requested_batch,
