@@ -109,3 +109,83 @@ def signal_at(run: Run, job_dir: Path, step: int, ranks: Sequence[int] = (1,)) -
     """Send the checkpoint signal once the job reports ``step``."""
     wait_for(lambda: last_step(job_dir) >= step)
     run.signal(signal.SIGUSR2, ranks)
+
+
+# --- the local Slurm pool -------------------------------------------------------------------
+
+WRAPPER = REPO / "jobscripts" / "hpcorch-run.sbatch"
+
+
+@dataclass
+class Job:
+    """A submitted batch job; ``wait()`` polls Slurm and gives the job's exit code."""
+
+    job_id: str
+    out: Path
+    env: dict[str, str]
+
+    def state(self) -> tuple[str, int | None]:
+        """(JobState, exit code once finished)."""
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", self.job_id],
+            env=self.env, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        fields = dict(f.split("=", 1) for f in out.split() if "=" in f)
+        state = fields.get("JobState", "UNKNOWN")
+        code = int(fields.get("ExitCode", "0:0").split(":")[0])
+        return state, code if state in FINAL_STATES else None
+
+    def wait(self, timeout: float = 180) -> int:
+        end = time.monotonic() + timeout
+        while True:
+            _, code = self.state()
+            if code is not None:
+                return code
+            if time.monotonic() > end:
+                self.scancel()
+                raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        return self.out.read_text() if self.out.exists() else ""
+
+    def scancel(self, *args: str) -> None:
+        subprocess.run(["scancel", *args, self.job_id], env=self.env, check=True)
+
+
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def sbatch(
+    pool_env: dict[str, str],
+    job_dir: Path,
+    args: Sequence[str],
+    *,
+    nodes: int = 1,
+    gpus_per_node: int = 2,
+    sbatch_args: Sequence[str] = (),
+    script: Sequence[str] | None = None,
+    **env: str,
+) -> Job:
+    """Submit the example through the job wrapper (or ``script``) on the pool."""
+    e = base_env(job_dir, **pool_env)
+    e.update(HPCORCH_PYTHON=sys.executable, HPCORCH_CONTROLLED="1")
+    e.update(env)
+    e = {k: v for k, v in e.items() if v != ""}  # "" unsets
+    job_dir.mkdir(parents=True, exist_ok=True)
+    out = job_dir.parent / f"{job_dir.name}.out"
+    cmd = [
+        "sbatch", "--parsable", f"--nodes={nodes}", f"--gres=gpu:{gpus_per_node}",
+        f"--output={out}", "--open-mode=append", *sbatch_args,
+        *(script or [str(WRAPPER), str(EXAMPLE)]), *args,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, env=e, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"sbatch failed: {done.stderr.strip()}")
+    return Job(done.stdout.strip().split(";")[0], out, e)
+
+
+def signal_job_at(job: Job, job_dir: Path, step: int) -> None:
+    """Ask the job for a checkpoint the way a site does: signal its batch shell."""
+    wait_for(lambda: last_step(job_dir) >= step, timeout=120)
+    job.scancel("--batch", "--signal=USR2")
