@@ -105,10 +105,12 @@ def last_step(job_dir: Path) -> int:
     return int(steps[-1]["step"]) if steps else 0  # type: ignore[call-overload]
 
 
-def signal_at(run: Run, job_dir: Path, step: int, ranks: Sequence[int] = (1,)) -> None:
-    """Send the checkpoint signal once the job reports ``step``."""
+def signal_at(
+    run: Run, job_dir: Path, step: int, ranks: Sequence[int] = (1,), sig: int = signal.SIGUSR2
+) -> None:
+    """Send the checkpoint signal to ``ranks`` once the job reports ``step``."""
     wait_for(lambda: last_step(job_dir) >= step)
-    run.signal(signal.SIGUSR2, ranks)
+    run.signal(sig, ranks)
 
 
 # --- the local Slurm pool -------------------------------------------------------------------
