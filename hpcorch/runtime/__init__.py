@@ -74,6 +74,7 @@ def init(
     metrics_interval: float | None = None,
     keep_checkpoints: int = 2,
     final_checkpoint: bool = True,
+    fast_exit: bool = True,
 ) -> ElasticJob:
     """Join the process group and settle this launch's batch, LR rule and checkpoint.
 
@@ -83,7 +84,9 @@ def init(
     ``base_batch`` (default ``global_batch``) and scaled by ``lr_scaling`` (none, linear,
     sqrt, adascale), ramped over ``warmup_steps`` after every change of the global batch.
     A bad plan, environment or checkpoint ends the process with one error line and exit
-    code 78 (EXIT_CONFIG); nothing is written.
+    code 78 (EXIT_CONFIG); nothing is written. After a checkpoint on request the process
+    exits with code 75; with ``fast_exit`` (default) atexit handlers run but the slow
+    interpreter teardown is skipped (``finally`` blocks around the loop do not run).
     """
     try:
         info = init_process_group(backend=backend, launcher=launcher)
@@ -122,5 +125,6 @@ def init(
         seed=seed,
         keep_checkpoints=keep_checkpoints,
         final_checkpoint=final_checkpoint,
+        fast_exit=fast_exit,
         timings=timings,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import signal
@@ -106,6 +107,7 @@ class ElasticJob:
         seed: int,
         keep_checkpoints: int,
         final_checkpoint: bool,
+        fast_exit: bool,
         timings: dict[str, float],
     ) -> None:
         self.dist = dist_info
@@ -122,6 +124,7 @@ class ElasticJob:
         self.warmup_steps = warmup_steps
         self.keep_checkpoints = keep_checkpoints
         self.final_checkpoint = final_checkpoint
+        self.fast_exit = fast_exit
         self.noise = NoiseScale()
         self.progress = 0.0
         """Scale-invariant progress: sum of the LR gains applied (AdaScale's 'iterations')."""
@@ -137,6 +140,7 @@ class ElasticJob:
         self._last_ckpt = time.monotonic()
         self._resume: dict[str, Any] | None = None
         self._resumed_rng = False
+        self.timings = timings
         self._first_step_logged = False
         self._dataset_size = 0
         main = self.rank == 0
@@ -146,7 +150,6 @@ class ElasticJob:
         self.checkpoint_dir = jd / CHECKPOINT_DIR
         self.metrics = MetricsWriter(jd / METRICS_FILE if main else None, settings.metrics_interval)
         self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
-        self.timings = timings
         for sig in settings.signals:
             signal.signal(sig, self._on_signal)
         self._find_checkpoint()
@@ -190,10 +193,12 @@ class ElasticJob:
             if found.torn:
                 self.log(f"ignoring incomplete checkpoint {found.torn[-1].name}; starting afresh")
             return
+        t0 = time.perf_counter()
         try:
             self._resume = ckpt.load(found.path, self.settings.job_id)
         except ckpt.CheckpointError as e:
             self.fail(str(e))
+        self.timings["checkpoint_load_seconds"] = round(time.perf_counter() - t0, 3)
         if found.torn:
             self.log(
                 f"checkpoint {found.torn[-1].name} is incomplete (its writer was killed); "
@@ -460,10 +465,14 @@ class ElasticJob:
     def _exit(self, code: int) -> NoReturn:
         self.metrics.event("exit", code=code, step=self.global_step)
         self.heartbeat.beat(self.global_step, state=f"exit {code}", force=True)
-        sys.stdout.flush()
-        sys.stderr.flush()
         if dist.is_initialized():
             dist.destroy_process_group()
+        if self.fast_exit:
+            # the checkpoint is durable: skip the interpreter's teardown of torch (1-2 s)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
         raise SystemExit(code)
 
     def _event_start(self, dataset_size: int) -> None:
