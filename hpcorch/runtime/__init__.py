@@ -36,7 +36,8 @@ from hpcorch.protocol import EXIT_CONFIG, EXIT_DONE, EXIT_RELAUNCH  # noqa: E402
 from hpcorch.runtime.checkpoint import CheckpointError  # noqa: E402
 from hpcorch.runtime.config import ConfigError, resolve  # noqa: E402
 from hpcorch.runtime.dist import DistInfo, LaunchError, init_process_group  # noqa: E402
-from hpcorch.runtime.job import ElasticJob, Step  # noqa: E402
+from hpcorch.runtime.job import ElasticJob  # noqa: E402
+from hpcorch.runtime.step import Step  # noqa: E402
 
 __all__ = [
     "EXIT_CONFIG",

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import random
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -177,7 +176,3 @@ def _tuples(x: Any) -> Any:
     if isinstance(x, list | tuple):
         return tuple(_tuples(v) for v in x)
     return x
-
-
-def now() -> float:
-    return time.time()

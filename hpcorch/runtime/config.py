@@ -44,6 +44,8 @@ class Settings:
     job_id: str | None
     plan_path: Path | None
     """The plan file read, None when running on defaults."""
+    plan_gpus: int | None
+    """GPUs the plan was made for (the batch is planned for the actual world size)."""
     requested_batch: int
     """Global batch asked for, before the bounds."""
     batch: BatchPlan
@@ -150,6 +152,7 @@ def resolve(
         job_dir=directory,
         job_id=job_id,
         plan_path=plan_path,
+        plan_gpus=plan.gpus if plan else None,
         requested_batch=requested,
         batch=batch,
         lr_scaling=rule,
