@@ -140,6 +140,7 @@ def main() -> None:
                 import_s=float(st["since_start_at_import"]),  # type: ignore[arg-type]
                 pg_init_s=float(st["pg_init_seconds"]),  # type: ignore[arg-type]
                 load_s=float(st.get("checkpoint_load_seconds", 0.0)),  # type: ignore[arg-type]
+                ddp_s=float(st.get("ddp_wrap_seconds", 0.0)),  # type: ignore[arg-type]
             )
             row.update({f"1rank_{k}": v for k, v in stop(procs, jd).items() if k != "bytes"})
             results.setdefault(model, []).append(row)
@@ -173,8 +174,9 @@ def main() -> None:
     for m, rows in results.items():
         fs, im = med([r["relaunch_first_step_s"] for r in rows]), med([r["import_s"] for r in rows])
         pg, ld = med([r["pg_init_s"] for r in rows]), med([r["load_s"] for r in rows])
-        print(f"| {m} | {fs:.2f} s | {im:.2f} s | {pg:.3f} s | {ld:.3f} s | "
-              f"{fs - im - pg - ld:.2f} s | {(im + pg) / fs:.0%} |")  # fmt: skip
+        dd = med([r["ddp_s"] for r in rows])
+        print(f"| {m} | {fs:.2f} s | {im:.2f} s | {pg:.3f} s | {ld:.3f} s | {dd:.2f} s | "
+              f"{fs - im - pg - ld - dd:.2f} s | {(im + pg) / fs:.0%} |")  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps({"results": results, "save_floor_s": floors,
                                       "cold_import_torch_s": imp}, indent=1))  # fmt: skip
