@@ -1,6 +1,6 @@
 """Benchmark: signal -> checkpoint written -> processes exited, and cold relaunch -> first step.
 
-For the example model and for a ~100 MB model (2 x 3500^2 float32 weights, plus SGD momentum
+For the example model and for a ~100 MB model (3 layers of width 3500, 98 MB of float32 weights; SGD momentum doubles it
 in the checkpoint), on local gloo ranks started torchrun-style:
 
 1. start 2 ranks, let them train a few steps, send the checkpoint signal to every rank at
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_elastic.py"
 MODELS = {
     "example": ["--hidden", "64", "--layers", "2"],
-    "100MB": ["--hidden", "3500", "--layers", "2"],
+    "100MB": ["--hidden", "3500", "--layers", "3"],  # 24.6 M float32 parameters = 98 MB
 }
 COMMON = ["--epochs", "50", "--samples", "4096", "--global-batch", "64", "--max-micro-batch", "32"]
 
@@ -78,7 +78,9 @@ def stop(procs: list[subprocess.Popen[bytes]], job_dir: Path) -> dict[str, float
     t_exit = time.time()
     assert codes == [75] * len(procs), codes
     ck = events(job_dir, "checkpoint")[n_ckpt]
+    before = [e for e in events(job_dir, "steps") if float(e["time"]) <= t0]  # type: ignore[arg-type]
     return {
+        "step_s": float(before[-1]["step_time"]) if before else float("nan"),  # type: ignore[arg-type]
         "written_s": float(ck["written_time"]) - t0,  # type: ignore[arg-type]
         "write_s": float(ck["seconds"]),  # type: ignore[arg-type]
         "exited_s": t_exit - t0,
@@ -90,12 +92,12 @@ def floor_save(nbytes_model: str) -> float:
     """torch.save + fsync of a state of the same shape (the floor for a checkpoint)."""
     import torch
 
-    hidden = int(MODELS[nbytes_model][1])
+    hidden, layers = int(MODELS[nbytes_model][1]), int(MODELS[nbytes_model][3])
     sys.argv = [str(EXAMPLE)]
     sys.path.insert(0, str(REPO / "examples"))
     from train_elastic import make_model
 
-    model = make_model(32, hidden, 2, 10, 0.1)
+    model = make_model(32, hidden, layers, 10, 0.1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(4, 32)).sum().backward()
     opt.step()
@@ -163,7 +165,8 @@ def main() -> None:
     for m, rows in results.items():
         ex = med([r["exited_s"] for r in rows])
         wr = med([r["written_s"] for r in rows])
-        print(f"| {m} | {rows[0]['bytes'] / 1e6:.1f} MB | {wr:.3f} s "
+        st = med([r["step_s"] for r in rows])
+        print(f"| {m} | {rows[0]['bytes'] / 1e6:.1f} MB | {st:.3f} s | {wr:.3f} s "
               f"| {ex:.3f} s | {med([r['1rank_exited_s'] for r in rows]):.3f} s "
               f"| {floors[m]:.3f} s | {ex / floors[m]:.1f}x |")  # fmt: skip
     print(
