@@ -1,7 +1,7 @@
 """Benchmark: signal -> checkpoint written -> processes exited, and cold relaunch -> first step.
 
-For the example model and for a ~100 MB model (3 layers of width 3500, 98 MB of float32 weights; SGD momentum doubles it
-in the checkpoint), on local gloo ranks started torchrun-style:
+For the example model and for a ~100 MB model (3 layers of width 3500: 98 MB of float32
+weights; SGD momentum doubles the checkpoint), on local gloo ranks started torchrun-style:
 
 1. start 2 ranks, let them train a few steps, send the checkpoint signal to every rank at
    t0; report t(checkpoint renamed into place) - t0 and t(last process exited) - t0;
