@@ -42,10 +42,10 @@ def plan_batch(
 ) -> BatchPlan:
     """Split ``global_batch`` over ``gpus`` with at most ``max_micro_batch`` per pass.
 
-    Uses the fewest accumulation steps that keep the micro-batch within the memory bound,
-    then the largest micro-batch such that micro x accum x gpus <= global_batch. The
-    effective global batch therefore never exceeds the request and is exact whenever
-    ``global_batch`` is divisible by ``gpus x accum``.
+    Each GPU takes ``global_batch // gpus`` samples per optimizer step, in the fewest
+    accumulation steps that keep the micro-batch within the memory bound, each of
+    ``per_gpu // accum`` samples. The effective global batch (micro x accum x gpus) never
+    exceeds the request and is exact whenever it divides evenly.
     """
     if gpus < 1:
         raise BatchPlanError(f"gpus must be >= 1, got {gpus}")
@@ -59,8 +59,9 @@ def plan_batch(
         raise BatchPlanError(
             f"global batch {global_batch} is smaller than {gpus} GPUs x {min_micro_batch} samples"
         )
-    accum = -(-global_batch // (gpus * max_micro_batch))  # ceil division
-    micro = global_batch // (gpus * accum)
+    per_gpu = global_batch // gpus
+    accum = -(-per_gpu // max_micro_batch)  # ceil: fewest passes within the memory bound
+    micro = per_gpu // accum
     if micro < min_micro_batch:
         raise BatchPlanError(
             f"global batch {global_batch} on {gpus} GPUs needs {accum} accumulation steps of "

@@ -34,7 +34,10 @@ def _num(value: Any, default: int = 0) -> int:
 def _states(value: Any) -> tuple[str, ...]:
     """Job or node state(s): ``"RUNNING"``, ``"mixed"`` or ``["IDLE", "DRAIN"]``."""
     if isinstance(value, str):
-        return tuple(s for s in value.upper().replace("+", " ").split() if s)
+        states = [s for s in value.upper().replace("+", " ").split() if s]
+        if any(s.endswith("*") for s in states):  # sinfo's "down*": not responding
+            states = [s.rstrip("*") for s in states] + ["NOT_RESPONDING"]
+        return tuple(states)
     if isinstance(value, Sequence):
         return tuple(str(s).upper() for s in value)
     return ()
@@ -47,7 +50,11 @@ def _exit_code(value: Any) -> int:
         if isinstance(signal, Mapping) and _num(signal.get("id"), 0):
             return 128 + _num(signal.get("id"), 0)
         return _num(rc, 0)
-    return _num(value, 0)
+    # 22.05 reports the raw wait(2) status: exit code in the high byte, signal in the low
+    status = _num(value, 0)
+    if status & 0x7F:
+        return 128 + (status & 0x7F)
+    return (status >> 8) & 0xFF
 
 
 def gpus_in(tres: str | None) -> int:
@@ -105,7 +112,7 @@ class SlurmNode:
         """Up and schedulable (not down, drained, failing or not responding)."""
         bad = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}
         bad |= {"INVAL", "UNKNOWN", "POWERED_DOWN", "FUTURE", "MAINTENANCE", "REBOOT_ISSUED"}
-        return bool(self.states) and not (set(self.states) & bad) and "*" not in self.states
+        return bool(self.states) and not (set(self.states) & bad)
 
 
 def _job(raw: Mapping[str, Any]) -> SlurmJob:

@@ -1,0 +1,90 @@
+"""Shared fixtures. ``slurm_pool`` brings up a real Slurm pool with the project's own
+slurm/pool script (in .run/test-pool, ports from $HPCORCH_TEST_POOL_PORT, default 17800)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+POOL_SCRIPT = REPO / "slurm" / "pool"
+EXAMPLE = REPO / "examples" / "train_ddp.py"
+
+
+@dataclass
+class Pool:
+    """A running local Slurm pool and the environment that reaches it."""
+
+    dir: Path
+    env: dict[str, str]
+    nodes: int
+    gpus_per_node: int
+    home: Path = field(default_factory=Path)
+
+    def run(self, *argv: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            list(argv), env=self.env, text=True, capture_output=True, check=check, **kw
+        )
+
+    def hpcorch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return self.run(sys.executable, "-m", "hpcorch", *args, check=check)
+
+    def squeue(self) -> dict[int, dict[str, Any]]:
+        doc = json.loads(self.run("squeue", "--json").stdout)
+        return {j["job_id"]: j for j in doc["jobs"]}
+
+    def state(self, job_id: int) -> str:
+        job = self.squeue().get(job_id)
+        if job is None:
+            return "GONE"
+        state = job["job_state"]
+        return str(state[0] if isinstance(state, list) else state)
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float = 120) -> str:
+        deadline = time.time() + timeout
+        state = self.state(job_id)
+        while state not in states:
+            if time.time() > deadline:
+                raise AssertionError(f"job {job_id} still {state} after {timeout} s")
+            time.sleep(0.5)
+            state = self.state(job_id)
+        return state
+
+
+def _slurm_installed() -> bool:
+    return all(shutil.which(x) for x in ("slurmctld", "slurmd", "sbatch", "munged"))
+
+
+@pytest.fixture(scope="session")
+def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    if not _slurm_installed():
+        if os.environ.get("CI"):
+            pytest.fail("Slurm is not installed: run 'slurm/pool install'")
+        pytest.skip("Slurm is not installed (slurm/pool install)")
+    pool_dir = Path(os.environ.get("HPCORCH_TEST_POOL_DIR", REPO / ".run" / "test-pool"))
+    port = os.environ.get("HPCORCH_TEST_POOL_PORT", "17800")
+    env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
+    subprocess.run(
+        [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4", "--port-base", port],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
+    home = tmp_path_factory.mktemp("hpcorch-home")
+    env["HPCORCH_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    pool = Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
+    yield pool
+    subprocess.run([str(POOL_SCRIPT), "down"], env=env, check=False, capture_output=True)

@@ -1,0 +1,164 @@
+"""The first end-to-end slice on a real local Slurm pool: submit -> Slurm -> DDP -> status."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcorch.slurm.parse import parse_squeue
+from tests.conftest import EXAMPLE, REPO, Pool
+
+pytestmark = pytest.mark.slurm
+
+NASTY_TAG = 'two words; it\'s "quoted" $HOME `date` & done'
+
+
+def job_dir_of(pool: Pool, job_id: int) -> Path:
+    for spec in pool.home.glob("jobs/*/job.json"):
+        if json.loads(spec.read_text())["slurm_id"] == job_id:
+            return spec.parent
+    raise AssertionError(f"no job directory for job {job_id}")
+
+
+def test_ddp_job_trains_and_status_lists_it(slurm_pool: Pool) -> None:
+    out = slurm_pool.hpcorch(
+        "submit",
+        str(EXAMPLE),
+        "--min-gpus",
+        "2",
+        "--max-gpus",
+        "4",
+        "--batch-size",
+        "64",
+        "--parsable",
+        "--",
+        "--epochs",
+        "3",
+        "--tag",
+        NASTY_TAG,
+    )
+    job_id = int(out.stdout.strip())
+    slurm_pool.wait_state(job_id, {"RUNNING", "COMPLETED"}, timeout=60)
+
+    status = json.loads(slurm_pool.hpcorch("status", "--json").stdout)
+    row = next(j for j in status["jobs"] if j["job_id"] == job_id)
+    assert (row["gpus"], row["min_gpus"], row["max_gpus"], row["global_batch"]) == (2, 2, 4, 64)
+    assert sum(p["gpus"] for p in status["pool"]) == 16
+
+    assert slurm_pool.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=120) == "COMPLETED"
+    jdir = job_dir_of(slurm_pool, job_id)
+    result = json.loads((jdir / "result.json").read_text())
+    assert result["world_size"] == 2
+    assert result["losses"][-1] < 0.9 * result["losses"][0], result["losses"]
+    assert result["tag"] == NASTY_TAG  # reached the script unchanged, never shell-parsed
+    log = (jdir / f"slurm-{job_id}.out").read_text()
+    assert "launch 0: 2 tasks on 1 node(s) x 2" in log and "training finished" in log
+
+    text = slurm_pool.hpcorch("status").stdout
+    line = next(ln for ln in text.splitlines() if ln.startswith(str(job_id)))
+    assert "COMPLETED" in line and "2-4" in line and "64" in line
+
+
+def test_cancel_stops_a_running_job(slurm_pool: Pool) -> None:
+    out = slurm_pool.hpcorch(
+        "submit",
+        str(EXAMPLE),
+        "--min-gpus",
+        "1",
+        "--parsable",
+        "--",
+        "--epochs",
+        "100000",
+    )
+    job_id = int(out.stdout.strip())
+    slurm_pool.wait_state(job_id, {"RUNNING"}, timeout=60)
+    res = slurm_pool.hpcorch("cancel", str(job_id))
+    assert res.stdout.strip() == f"cancelled job {job_id}"
+    assert slurm_pool.wait_state(job_id, {"CANCELLED"}, timeout=30) == "CANCELLED"
+    again = slurm_pool.hpcorch("cancel", str(job_id), check=False)
+    assert again.returncode == 1 and "already ended (CANCELLED)" in again.stderr
+
+
+def test_cancel_refuses_jobs_hpcorch_did_not_submit(slurm_pool: Pool) -> None:
+    out = slurm_pool.run("sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 60")
+    job_id = int(out.stdout.strip().split(";")[0])
+    try:
+        res = slurm_pool.hpcorch("cancel", str(job_id), check=False)
+        assert res.returncode == 1
+        assert res.stderr.strip().endswith(f"job {job_id} was not submitted by hpcorch")
+        assert slurm_pool.state(job_id) in {"PENDING", "RUNNING"}
+    finally:
+        slurm_pool.run("scancel", str(job_id))
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (
+            ["--min-gpus", "17"],
+            "--min-gpus 17 exceeds the 16 GPUs of partition 'gpu' (4 nodes x 4)",
+        ),
+        (["--min-gpus", "1", "--partition", "nope"], "unknown partition 'nope' (valid: gpu)"),
+    ],
+)
+def test_requests_the_pool_cannot_meet(slurm_pool: Pool, args: list[str], needle: str) -> None:
+    before = slurm_pool.squeue().keys()
+    res = slurm_pool.hpcorch("submit", str(EXAMPLE), *args, check=False)
+    assert res.returncode == 1
+    assert res.stderr.strip() == f"Error: {needle}"
+    assert slurm_pool.squeue().keys() == before
+    assert not list(slurm_pool.home.glob("jobs/*/job.sbatch")) or all(
+        json.loads((p.parent / "job.json").read_text())["slurm_id"]
+        for p in slurm_pool.home.glob("jobs/*/job.sbatch")
+    )
+
+
+def test_wrapper_standalone_forwards_the_checkpoint_signal(
+    slurm_pool: Pool, tmp_path: Path
+) -> None:
+    """sbatch the wrapper directly; USR2 to the batch shell reaches every task, which exit 75."""
+    script = tmp_path / "waits.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGUSR2, lambda *a: sys.exit(75))\n"
+        "open(os.path.join(os.environ['HPCORCH_JOB_DIR'], 'ready-' + os.environ['RANK']), 'w')\n"
+        "time.sleep(120)\n"
+    )
+    env_pool = Pool(slurm_pool.dir, {**slurm_pool.env, "HPCORCH_CONTROLLED": "1"}, 4, 4)
+    out = env_pool.run(
+        "sbatch",
+        "--parsable",
+        "--nodes=2",
+        "--gres=gpu:2",
+        f"--chdir={tmp_path}",
+        "-o",
+        str(tmp_path / "out.log"),
+        str(REPO / "jobscripts" / "hpcorch-run.sbatch"),
+        str(script),
+    )
+    job_id = int(out.stdout.strip())
+    jdir = tmp_path / f"hpcorch-{job_id}"
+    slurm_pool.wait_state(job_id, {"RUNNING"}, timeout=60)
+    deadline = time.time() + 60
+    while len(list(jdir.glob("ready-*"))) < 4 and time.time() < deadline:
+        time.sleep(0.2)
+    assert sorted(p.name for p in jdir.glob("ready-*")) == [f"ready-{r}" for r in range(4)]
+    slurm_pool.run("scancel", "--signal=USR2", "--batch", str(job_id))
+    slurm_pool.wait_state(job_id, {"FAILED", "COMPLETED"}, timeout=60)
+    doc = json.loads(slurm_pool.run("squeue", "--json").stdout)
+    (job,) = [j for j in parse_squeue(doc) if j.job_id == job_id]
+    assert job.exit_code == 75
+    log = (tmp_path / "out.log").read_text()
+    assert "4 tasks on 2 node(s) x 2" in log
+    assert "training checkpointed: the controller relaunches it" in log
+
+
+def test_pool_up_is_idempotent(slurm_pool: Pool) -> None:
+    res = slurm_pool.run(str(REPO / "slurm" / "pool"), "up")
+    assert "up: 4 nodes x 4 GPUs" in res.stderr
+    assert "starting" not in res.stderr  # nothing restarted
+    status = slurm_pool.run(str(REPO / "slurm" / "pool"), "status").stdout
+    assert status.count("idle") + status.count("mixed") + status.count("allocated") >= 4

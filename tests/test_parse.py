@@ -1,0 +1,100 @@
+"""Parsing squeue/sinfo JSON: recorded Slurm 22.05 output and the 23.11+/24.x shapes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hpcorch.slurm.parse import gpus_in, parse_nodes, parse_squeue
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_squeue_22_05_recorded() -> None:
+    doc = json.loads((FIXTURES / "slurm-22.05" / "squeue.json").read_text())
+    jobs = {j.job_id: j for j in parse_squeue(doc)}
+    running = next(j for j in jobs.values() if j.comment == "hpcorch:test")
+    assert running.name == "my job"
+    assert running.state == "RUNNING"
+    assert running.gpus_per_node == 2 and running.node_count == 1 and running.gpus == 2
+    assert running.nodes == "n1" and running.user == "root" and not running.held
+    pending = [j for j in jobs.values() if j.state == "PENDING"]
+    assert pending and all(j.gpus == 16 for j in pending)
+    assert {j.reason for j in pending} <= {"Resources", "Priority"}
+
+
+def test_sinfo_22_05_recorded() -> None:
+    doc = json.loads((FIXTURES / "slurm-22.05" / "sinfo.json").read_text())
+    nodes = {n.name: n for n in parse_nodes(doc)}
+    assert sorted(nodes) == ["n1", "n2", "n3", "n4"]
+    assert all(n.gpus == 4 and n.cpus == 8 and n.usable for n in nodes.values())
+    assert nodes["n1"].gpus_used == 2 and nodes["n1"].partitions == ("gpu",)
+
+
+def test_squeue_24_shapes() -> None:
+    """23.11+ lists states, wraps numbers in {set, infinite, number}, structures exit codes."""
+    doc = {
+        "jobs": [
+            {
+                "job_id": 42,
+                "name": "bert",
+                "user_name": "alice",
+                "job_state": ["PENDING", "REQUEUED"],
+                "state_reason": "JobHeldUser",
+                "priority": {"set": True, "infinite": False, "number": 0},
+                "node_count": {"set": True, "infinite": False, "number": 2},
+                "tres_per_node": "gres/gpu:4",
+                "comment": "hpcorch:id=bert-1,min=4,max=8",
+                "submit_time": {"set": True, "infinite": False, "number": 1700000000},
+                "start_time": {"set": False, "infinite": False, "number": 0},
+                "time_limit": {"set": False, "infinite": True, "number": 0},
+                "restart_cnt": 3,
+                "exit_code": {
+                    "status": ["EXITED"],
+                    "return_code": {"set": True, "infinite": False, "number": 75},
+                },
+            }
+        ]
+    }
+    (job,) = parse_squeue(doc)
+    assert (job.job_id, job.state, job.reason) == (42, "PENDING", "JobHeldUser")
+    assert job.held and job.node_count == 2 and job.gpus == 8
+    assert job.submit_time == 1700000000 and job.start_time == 0 and job.time_limit_min == 0
+    assert job.restarts == 3 and job.exit_code == 75
+
+
+def test_nodes_24_shapes() -> None:
+    doc = {
+        "nodes": [
+            {
+                "name": "c1",
+                "state": ["IDLE"],
+                "gres": "gpu:a100:8",
+                "gres_used": "gpu:a100:0(IDX:N/A)",
+                "cpus": 64,
+                "partitions": ["gpu"],
+            },
+            {"name": "c2", "state": ["IDLE", "DRAIN"], "gres": "gpu:a100:8", "cpus": 64},
+            {"name": "c3", "state": "down*", "gres": "gpu:8", "cpus": 64},
+        ]
+    }
+    nodes = {n.name: n for n in parse_nodes(doc)}
+    assert nodes["c1"].gpus == 8 and nodes["c1"].gpus_used == 0 and nodes["c1"].usable
+    assert not nodes["c2"].usable
+    assert not nodes["c3"].usable
+
+
+def test_gpus_in_tres_strings() -> None:
+    assert gpus_in("gres:gpu:4") == 4
+    assert gpus_in("gres/gpu:v100:2") == 2
+    assert gpus_in("cpu=8,mem=1G,gres/gpu=4") == 4
+    assert gpus_in("gpu:2(IDX:0-1)") == 2
+    assert gpus_in("cpu=8") == 0 and gpus_in(None) == 0
+
+
+def test_exit_code_of_22_05_is_a_wait_status() -> None:
+    def job(code: object) -> dict[str, object]:
+        return {"job_id": 1, "job_state": "FAILED", "exit_code": code}
+
+    codes = [j.exit_code for j in parse_squeue({"jobs": [job(75 << 8), job(9), job(0)]})]
+    assert codes == [75, 137, 0]

@@ -1,0 +1,125 @@
+"""The batch-script renderer: golden file, quoting, validation, shapes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcorch.slurm.script import (
+    JobSpec,
+    SpecError,
+    choose_shape,
+    parse_comment,
+    render_batch_script,
+)
+
+GOLDEN = Path(__file__).parent / "golden" / "batch_script.sbatch"
+NASTY = ("a b", "it's", '"double"', "$HOME", "x; rm -rf /", "`date`", "\\n", "", "--tag=*")
+
+
+def spec(**kw: object) -> JobSpec:
+    base: dict[str, object] = dict(
+        job_key="train-20260101-000000-abcd",
+        name="train",
+        script="/home/u/train.py",
+        script_args=("--epochs", "2", "--note", "two words; $HOME"),
+        nodes=2,
+        gpus_per_node=2,
+        min_gpus=4,
+        max_gpus=8,
+        job_dir="/home/u/.hpcorch/jobs/train-20260101-000000-abcd",
+        wrapper="/opt/hpcorch/jobscripts/hpcorch-run.sbatch",
+        cpus_per_task=4,
+        global_batch=256,
+        max_global_batch=2048,
+        partition="gpu",
+        time_limit="2:00:00",
+        python="/opt/venv/bin/python",
+    )
+    base.update(kw)
+    return JobSpec(**base)  # type: ignore[arg-type]
+
+
+def test_matches_golden_file() -> None:
+    text = render_batch_script(spec())
+    if os.environ.get("HPCORCH_UPDATE_GOLDEN"):
+        GOLDEN.write_text(text)
+    assert text == GOLDEN.read_text()
+
+
+def test_script_arguments_reach_the_wrapper_unchanged(tmp_path: Path) -> None:
+    """Run the rendered script with bash, a stand-in wrapper records its argv."""
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text(
+        "import json, sys\njson.dump(sys.argv[1:], open(sys.argv[0] + '.out', 'w'))\n"
+    )
+    # `exec bash WRAPPER ...`: make "bash" run python on the wrapper instead
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "bash").write_text('#!/bin/sh\nexec python3 "$@"\n')
+    (fake_bin / "bash").chmod(stat.S_IRWXU)
+    script = render_batch_script(spec(wrapper=str(wrapper), script_args=NASTY))
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    subprocess.run(["/bin/bash", "-c", script], env=env, check=True)
+    argv = json.loads((tmp_path / "wrapper.sh.out").read_text())
+    assert argv == ["/home/u/train.py", *NASTY]
+
+
+def test_comment_round_trips() -> None:
+    fields = parse_comment(spec().comment())
+    assert fields == {
+        "id": "train-20260101-000000-abcd",
+        "min": "4",
+        "max": "8",
+        "batch": "256",
+        "maxbatch": "2048",
+    }
+    assert parse_comment("some other job") is None
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"name": "two words"}, "invalid job name"),
+        ({"name": "x" * 65}, "invalid job name"),
+        ({"time_limit": "2 hours"}, "invalid time limit"),
+        ({"job_dir": "/home/my jobs/x"}, "job directory"),
+        ({"partition": "gpu;rm"}, "partition"),
+    ],
+)
+def test_rejects_what_an_sbatch_line_cannot_hold(kw: dict[str, object], message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        render_batch_script(spec(**kw))
+
+
+@pytest.mark.parametrize("limit", ["30", "10:00", "2:00:00", "1-12", "1-12:30", "2-00:00:00"])
+def test_accepts_slurm_time_formats(limit: str) -> None:
+    assert f"--time={limit}" in render_batch_script(spec(time_limit=limit))
+
+
+@pytest.mark.parametrize(
+    ("gpus", "per_node", "nodes", "expected"),
+    [
+        (1, 4, 4, (1, 1)),
+        (2, 4, 4, (1, 2)),
+        (4, 4, 4, (1, 4)),
+        (6, 4, 4, (2, 3)),
+        (8, 4, 4, (2, 4)),
+        (5, 4, 8, (5, 1)),
+        (16, 4, 4, (4, 4)),
+    ],
+)
+def test_shape_uses_fewest_even_nodes(
+    gpus: int, per_node: int, nodes: int, expected: tuple[int, int]
+) -> None:
+    assert choose_shape(gpus, per_node, nodes) == expected
+
+
+def test_shape_that_cannot_be_even_is_an_error() -> None:
+    with pytest.raises(SpecError, match="cannot be spread evenly"):
+        choose_shape(5, 4, 4)
