@@ -25,8 +25,10 @@ from hpcorch.protocol import (
     ENV_GLOBAL_BATCH,
     ENV_JOB_DIR,
     ENV_JOB_ID,
+    ENV_MAX_GLOBAL_BATCH,
     ENV_MAX_PER_GPU_BATCH,
     ENV_METRICS_INTERVAL,
+    ENV_MIN_GLOBAL_BATCH,
     ENV_PLAN,
     PLAN_FILE,
 )
@@ -142,7 +144,9 @@ def resolve(
         plan.max_micro_batch if plan else _env_int(env, ENV_MAX_PER_GPU_BATCH) or max_micro_batch
     )
     try:
-        bounded = clamp_global_batch(requested, min_global_batch, max_global_batch)
+        lower = _env_int(env, ENV_MIN_GLOBAL_BATCH) or min_global_batch
+        upper = _env_int(env, ENV_MAX_GLOBAL_BATCH) or max_global_batch
+        bounded = clamp_global_batch(requested, lower, upper)
         batch = plan_batch(bounded, world_size, micro)
     except BatchPlanError as e:
         raise ConfigError(f"cannot plan the batch: {e}") from None

@@ -119,6 +119,11 @@ def test_bounds_apply_to_the_plan(tmp_path: Path) -> None:
     write_plan(tmp_path / "p.json", LaunchPlan(4096, 2, 64))
     s = settings({"HPCORCH_PLAN": str(tmp_path / "p.json")}, max_global_batch=512)
     assert (s.requested_batch, s.batch.global_batch) == (4096, 512)
+    env = {"HPCORCH_PLAN": str(tmp_path / "p.json"), "HPCORCH_MAX_GLOBAL_BATCH": "256"}
+    assert settings(env, max_global_batch=512).batch.global_batch == 256
+    write_plan(tmp_path / "p.json", LaunchPlan(8, 2, 64))
+    env = {"HPCORCH_PLAN": str(tmp_path / "p.json"), "HPCORCH_MIN_GLOBAL_BATCH": "32"}
+    assert settings(env).batch.global_batch == 32
 
 
 @pytest.mark.parametrize(
