@@ -30,10 +30,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_elastic.py"
 MODELS = {
-    "example": ["--hidden", "64", "--layers", "2"],
+    "example": ["--hidden", "64", "--layers", "1"],
     "100MB": ["--hidden", "3500", "--layers", "3"],  # 24.6 M float32 parameters = 98 MB
 }
-COMMON = ["--epochs", "50", "--samples", "4096", "--global-batch", "64", "--max-micro-batch", "32"]
+COMMON = ["--epochs", "50", "--samples", "8192", "--global-batch", "64", "--max-micro-batch", "32"]
 
 
 def events(job_dir: Path, kind: str) -> list[dict[str, object]]:
@@ -97,7 +97,7 @@ def floor_save(nbytes_model: str) -> float:
     sys.path.insert(0, str(REPO / "examples"))
     from train_elastic import make_model
 
-    model = make_model(32, hidden, layers, 10, 0.1)
+    model = make_model(20, hidden, layers, 4, 0.1)  # the example's defaults
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     model(torch.randn(4, 32)).sum().backward()
     opt.step()

@@ -1,10 +1,11 @@
-"""Elastic DDP training on generated data: the runtime's example script.
+"""Elastic DDP training on generated data: examples/train_ddp.py made elastic.
 
-Run it like any DDP script (torchrun, srun through jobscripts/hpcorch-run.sbatch, mpirun).
+The same task and model as train_ddp.py, written against hpcorch.runtime. Run it like any DDP script (torchrun, srun through jobscripts/hpcorch-run.sbatch, mpirun).
 On SIGUSR2 it checkpoints at the next step boundary and exits 75; started again (at any
 number of ranks) it continues with exactly the samples it had not yet seen.
 
     torchrun --nproc-per-node 2 examples/train_elastic.py --epochs 2
+    sbatch --gres=gpu:2 jobscripts/hpcorch-run.sbatch examples/train_elastic.py --epochs 3
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ from torch.utils.data import TensorDataset
 import hpcorch.runtime as hr
 
 
-def make_data(samples: int, features: int, classes: int) -> TensorDataset:
-    """A fixed synthetic classification task (the same on every rank and every launch)."""
-    g = torch.Generator().manual_seed(1234)
+def make_data(samples: int, features: int, classes: int, seed: int = 0) -> TensorDataset:
+    """Random inputs labelled by a fixed random teacher network (as in train_ddp.py)."""
+    g = torch.Generator().manual_seed(seed)
     x = torch.randn(samples, features, generator=g)
-    w = torch.randn(features, classes, generator=g)
-    y = (x @ w + 0.5 * torch.randn(samples, classes, generator=g)).argmax(dim=1)
-    return TensorDataset(x, y)
+    teacher = torch.randn(features, 32, generator=g), torch.randn(32, classes, generator=g)
+    y = torch.tanh(x @ teacher[0]) @ teacher[1]
+    return TensorDataset(x, y.argmax(dim=1))
 
 
 def make_model(
@@ -44,15 +45,15 @@ def make_model(
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--features", type=int, default=32)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--samples", type=int, default=8192)
+    p.add_argument("--features", type=int, default=20)
     p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--classes", type=int, default=4)
     p.add_argument("--dropout", type=float, default=0.1)
-    p.add_argument("--global-batch", type=int, default=128)
-    p.add_argument("--max-micro-batch", type=int, default=64)
+    p.add_argument("--global-batch", "--batch-size", type=int, default=64)
+    p.add_argument("--max-micro-batch", type=int, default=64, help="memory bound per GPU")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--lr-scaling", default="sqrt", choices=["none", "linear", "sqrt", "adascale"])
     p.add_argument("--warmup-steps", type=int, default=20)
@@ -76,7 +77,7 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=a.epochs * 1000)
     job.track(model, opt, sched)
-    data = make_data(a.samples, a.features, a.classes)
+    data = make_data(a.samples, a.features, a.classes, a.seed)
     job.log(f"rank {job.rank}/{job.world_size}: global batch {job.batch.describe()}")
 
     record = open(a.record.with_suffix(f".{job.rank}.jsonl"), "a") if a.record else None  # noqa: SIM115
