@@ -99,7 +99,7 @@ def floor_save(nbytes_model: str) -> float:
 
     model = make_model(20, hidden, layers, 4, 0.1)  # the example's defaults
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    model(torch.randn(4, 32)).sum().backward()
+    model(torch.randn(4, 20)).sum().backward()
     opt.step()
     state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
     best = float("inf")
