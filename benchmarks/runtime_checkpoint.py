@@ -185,7 +185,7 @@ def report(data: dict) -> None:  # type: ignore[type-arg]
             return med([r[key] for r in rows])
 
         print(
-            f"| {m} | {rows[0]['bytes'] / 1e6:.1f} MB | {q('step_s'):.3f} s "
+            f"| {m} | {rows[0]['bytes'] / 1e6:.2f} MB | {q('step_s'):.3f} s "
             f"| {q('written_s'):.3f} s | {q('exited_s'):.3f} s | {q('1rank_exited_s'):.3f} s "
             f"| {q('write_s'):.3f} s | {floors[m]:.3f} s | {q('write_s') / floors[m]:.1f}x |"
         )
