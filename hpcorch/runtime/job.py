@@ -247,11 +247,13 @@ class ElasticJob:
         collate_fn: Callable[[list[Any]], Any] | None = None,
         num_workers: int = 0,
         pin_memory: bool = False,
+        max_steps: int | None = None,
     ) -> Iterator[Step]:
         """The optimizer steps left of ``epochs`` epochs over ``dataset``, from where it stopped.
 
         At each step boundary all ranks agree whether a checkpoint was requested; if so the
-        checkpoint is written and the process exits with EXIT_RELAUNCH (75).
+        checkpoint is written and the process exits with EXIT_RELAUNCH (75). ``max_steps``
+        ends training at that global step (counted over all launches) instead.
         """
         if self._model is None:
             raise RuntimeError("call job.track(model, optimizer) before job.steps(...)")
@@ -271,7 +273,7 @@ class ElasticJob:
             self._resumed_rng = True
         self._event_start(n)
         t_last = time.perf_counter()
-        while self.epoch < epochs:
+        while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
             layouts = list(sampler.steps(self.epoch, self.offset, self.batch, self.rank))
             loader = DataLoader(
                 dataset,
@@ -285,18 +287,27 @@ class ElasticJob:
             for layout in layouts:
                 self._update_lr_factor()
                 step = Step(self, layout, batches)
-                yield step
+                try:
+                    yield step
+                except GeneratorExit:  # the loop was left with `break`
+                    if step._done == len(layout.micro):
+                        self._advance(layout)  # its update happened: do not repeat its samples
+                    raise
                 if step._done != len(layout.micro):
                     raise RuntimeError(
                         f"step {self.global_step}: {step._done} of {len(layout.micro)} "
                         "micro-batches were processed; iterate the whole step"
                     )
                 t_now = time.perf_counter()
-                self._boundary(step, layout, epochs, t_now - t_last)
+                self._boundary(step, layout, epochs, max_steps, t_now - t_last)
                 t_last = time.perf_counter()
+                if self.global_step == max_steps:
+                    break
         self._finish()
 
-    def _boundary(self, step: Step, layout: StepLayout, epochs: int, seconds: float) -> None:
+    def _boundary(
+        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, seconds: float
+    ) -> None:
         """Book-keeping after a step; the safe point where checkpoints happen."""
         local_sq, global_sq = self.noise.take()
         periodic = (
@@ -323,13 +334,8 @@ class ElasticJob:
                 layout.local_samples,
                 layout.size,
             )
-        self.progress += self.lr_factor
-        self.global_step += 1
-        self._since_change += 1
-        self.offset = layout.offset + layout.size
-        if self.offset >= self._dataset_size:
-            self.epoch, self.offset = self.epoch + 1, 0
-        finished = self.epoch >= epochs
+        self._advance(layout)
+        finished = self.epoch >= epochs or self.global_step == max_steps
         loss = loss_sum / layout.size if layout.size else None
         self.metrics.step(
             step=self.global_step,
@@ -355,6 +361,15 @@ class ElasticJob:
             self._exit(EXIT_RELAUNCH)
         if save > 0 and not finished:
             self.checkpoint(reason="periodic")
+
+    def _advance(self, layout: StepLayout) -> None:
+        """Count a finished step: global step, data position, LR bookkeeping."""
+        self.progress += self.lr_factor
+        self.global_step += 1
+        self._since_change += 1
+        self.offset = layout.offset + layout.size
+        if self.offset >= self._dataset_size:
+            self.epoch, self.offset = self.epoch + 1, 0
 
     def _finish(self) -> None:
         if self.final_checkpoint:

@@ -1,0 +1,117 @@
+"""The job object in this process (one gloo rank): LR scaling and warm-up as applied by the
+optimizer, what a checkpoint holds, and a resume into fresh objects."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import TensorDataset
+
+import hpcorch.runtime as hr
+from hpcorch.runtime import checkpoint as ckpt
+from tests.runtime.harness import free_port
+
+
+@pytest.fixture
+def one_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Path]:
+    for k, v in dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(free_port()), HPCORCH_JOB_DIR=str(tmp_path),
+                     HPCORCH_METRICS_INTERVAL="0").items():  # fmt: skip
+        monkeypatch.setenv(k, v)
+    yield tmp_path
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(40, 3, generator=g), torch.randn(40, 1, generator=g))
+
+
+def train(
+    job: hr.ElasticJob, model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int | None = None
+) -> list[float]:
+    """Train; return the LR each optimizer step really used."""
+    used = []
+    for i, step in enumerate(job.steps(data(), epochs=2)):
+        for x, y in step:
+            step.backward(torch.nn.functional.mse_loss(model(x), y))
+        w = model.module.weight.detach().clone()
+        g = model.module.weight.grad.detach().clone()
+        opt.step()
+        used.append(float(((w - model.module.weight.detach()) / g).mean()))
+        opt.zero_grad()
+        if steps is not None and i + 1 == steps:
+            break
+    return used
+
+
+def test_lr_scaled_at_step_time_with_warmup(one_rank: Path) -> None:
+    job = hr.init(global_batch=8, max_micro_batch=4, base_batch=2, lr_scaling="linear",
+                  warmup_steps=3, final_checkpoint=False)  # fmt: skip
+    assert job.batch.describe() == "8 = 4 x 2 x 1"
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    used = train(job, model, opt, steps=5)
+    # factor ramps 1 -> 4 (global 8 / base 2) over 3 steps, then holds
+    assert used == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.4], rel=1e-4)
+    assert opt.param_groups[0]["lr"] == 0.1  # the scheduler-visible LR is untouched
+
+
+def test_checkpoint_holds_everything_and_resumes(one_rank: Path) -> None:
+    job = hr.init(global_batch=8, max_micro_batch=8, lr_scaling="sqrt", seed=7,
+                  final_checkpoint=False)  # fmt: skip
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2)
+    job.track(model, opt, sched)
+    job.state["best"] = 1.5
+    train(job, model, opt, steps=3)
+    job.checkpoint()
+    found = ckpt.find_latest(one_rank / "checkpoints")
+    assert found.step == 3
+    payload = ckpt.load(found.path, None)  # type: ignore[arg-type]
+    for key in ("model", "optimizer", "scheduler", "rng", "epoch", "offset", "global_step",
+                "plan", "user", "lr", "gns", "seed", "dataset_size", "world_size"):  # fmt: skip
+        assert key in payload, key
+    assert (payload["epoch"], payload["offset"], payload["global_step"]) == (0, 24, 3)
+    assert payload["plan"] == {"global_batch": 8, "gpus": 1, "micro_batch": 8, "accum_steps": 1}
+    assert payload["user"] == {"best": 1.5} and payload["optimizer"]["state"]
+    assert set(payload["rng"][0]) >= {"python", "numpy", "torch"}
+    expected = train(job, model, opt)  # the rest of the run, uninterrupted
+    final = model.module.weight.detach().clone()
+    dist.destroy_process_group()
+
+    # a fresh job in the same directory resumes from step 3 (the newest checkpoint)
+    for p in (one_rank / "checkpoints").glob("*"):
+        if p != found.path:
+            p.unlink()
+    job2 = hr.init(global_batch=8, max_micro_batch=8, lr_scaling="sqrt", final_checkpoint=False)
+    model2 = job2.wrap(torch.nn.Linear(3, 1))
+    opt2 = torch.optim.SGD(model2.parameters(), lr=0.1, momentum=0.9)
+    job2.track(model2, opt2, torch.optim.lr_scheduler.StepLR(opt2, step_size=2))
+    assert (job2.global_step, job2.offset, job2.state) == (3, 24, {"best": 1.5})
+    assert train(job2, model2, opt2) == expected
+    assert torch.equal(model2.module.weight.detach(), final)
+
+
+def test_max_steps_ends_training_with_a_final_checkpoint(one_rank: Path) -> None:
+    job = hr.init(global_batch=16, max_micro_batch=16)
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    n = 0
+    for step in job.steps(data(), epochs=5, max_steps=4):
+        for x, y in step:
+            step.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+        n += 1
+    assert (n, job.global_step, job.epoch, job.offset) == (4, 4, 1, 16)  # 16+16+8, then 16
+    assert ckpt.find_latest(one_rank / "checkpoints").step == 4
+    assert '"event": "done"' in (one_rank / "metrics.jsonl").read_text()
