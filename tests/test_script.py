@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,7 +62,7 @@ def test_script_arguments_reach_the_wrapper_unchanged(tmp_path: Path) -> None:
     # `exec bash WRAPPER ...`: make "bash" run python on the wrapper instead
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "bash").write_text('#!/bin/sh\nexec python3 "$@"\n')
+    (fake_bin / "bash").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     (fake_bin / "bash").chmod(stat.S_IRWXU)
     script = render_batch_script(spec(wrapper=str(wrapper), script_args=NASTY))
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
