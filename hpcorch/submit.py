@@ -108,7 +108,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         max_gpus=max_gpus,
         job_dir=str(job_dir),
         wrapper=str(wrapper_path()),
-        cpus_per_task=cpus,
+        cpus_per_gpu=cpus,
         global_batch=req.batch_size,
         max_global_batch=req.max_batch_size,
         partition=shape.partition,

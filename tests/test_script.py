@@ -35,7 +35,7 @@ def spec(**kw: object) -> JobSpec:
         max_gpus=8,
         job_dir="/home/u/.hpcorch/jobs/train-20260101-000000-abcd",
         wrapper="/opt/hpcorch/jobscripts/hpcorch-run.sbatch",
-        cpus_per_task=4,
+        cpus_per_gpu=4,
         global_batch=256,
         max_global_batch=2048,
         partition="gpu",
