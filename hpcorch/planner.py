@@ -6,7 +6,12 @@ party computes the same split for the same inputs. Pure and deterministic.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, fields
+
+from hpcorch.protocol import PLAN_VERSION
 
 
 class BatchPlanError(ValueError):
@@ -63,3 +68,157 @@ def plan_batch(
             f"{micro} samples, below the minimum micro-batch {min_micro_batch}"
         )
     return BatchPlan(gpus=gpus, micro_batch=micro, accum_steps=accum)
+
+
+# --- learning-rate scaling ----------------------------------------------------------------
+
+LR_SCALING_RULES = ("none", "linear", "sqrt", "adascale")
+"""Names accepted by :func:`lr_scale`."""
+
+
+def adascale_gain(global_batch: int, base_batch: int, noise_scale: float) -> float:
+    """AdaScale gain of training at ``global_batch`` instead of ``base_batch``.
+
+    With per-sample gradient variance tr(S) and true gradient G, the gradient noise scale is
+    B_noise = tr(S) / |G|^2. Scaling the batch by s = global_batch / base_batch scales the
+    expected squared gradient norm from |G|^2 (1 + B_noise / base) to |G|^2 (1 + B_noise /
+    global), and AdaScale's gain is their ratio (B_noise + base) s / (B_noise + global): 1 when
+    the gradient is noise-free (a bigger batch adds nothing), s when it is all noise (the
+    linear rule). Always within [1, s] for s >= 1 (and [s, 1] for s < 1).
+    """
+    if global_batch < 1 or base_batch < 1:
+        raise ValueError("batch sizes must be >= 1")
+    if not math.isfinite(noise_scale) or noise_scale < 0:
+        raise ValueError(f"noise scale must be finite and >= 0, got {noise_scale}")
+    s = global_batch / base_batch
+    return (noise_scale + base_batch) * s / (noise_scale + global_batch)
+
+
+def lr_scale(
+    rule: str, global_batch: int, base_batch: int, noise_scale: float | None = None
+) -> float:
+    """Factor on the learning rate tuned at ``base_batch`` when training at ``global_batch``.
+
+    ``linear``: s; ``sqrt``: sqrt(s); ``adascale``: :func:`adascale_gain` from the gradient
+    noise scale, falling back to sqrt(s) until an estimate exists; ``none``: 1.
+    """
+    if rule not in LR_SCALING_RULES:
+        raise ValueError(
+            f"unknown learning-rate scaling rule {rule!r}; valid: {', '.join(LR_SCALING_RULES)}"
+        )
+    if global_batch < 1 or base_batch < 1:
+        raise ValueError("batch sizes must be >= 1")
+    s = global_batch / base_batch
+    if rule == "none":
+        return 1.0
+    if rule == "linear":
+        return s
+    if rule == "adascale" and noise_scale is not None:
+        return adascale_gain(global_batch, base_batch, noise_scale)
+    return math.sqrt(s)
+
+
+def warmup_factor(old: float, new: float, steps_since_change: int, warmup_steps: int) -> float:
+    """Linear ramp of the LR factor from ``old`` to ``new`` over ``warmup_steps`` steps."""
+    if warmup_steps <= 0 or steps_since_change >= warmup_steps:
+        return new
+    t = max(steps_since_change, 0) / warmup_steps
+    return old + (new - old) * t
+
+
+def clamp_global_batch(global_batch: int, lower: int | None, upper: int | None) -> int:
+    """``global_batch`` within the job's bounds (either bound may be None)."""
+    if lower is not None and upper is not None and lower > upper:
+        raise BatchPlanError(f"global batch bounds are inverted: {lower} > {upper}")
+    if lower is not None:
+        global_batch = max(global_batch, lower)
+    if upper is not None:
+        global_batch = min(global_batch, upper)
+    return global_batch
+
+
+# --- the plan file: what the controller decided for one launch ---------------------------
+
+
+class PlanFileError(ValueError):
+    """A plan file is missing, unreadable or inconsistent."""
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Contents of a job's plan.json, written by the controller before each launch."""
+
+    global_batch: int
+    gpus: int
+    max_micro_batch: int
+    job: str | None = None
+    launch: int = 0
+    lr_scaling: str | None = None
+    """Overrides the script's rule when set."""
+    version: int = PLAN_VERSION
+
+    def batch_plan(self) -> BatchPlan:
+        return plan_batch(self.global_batch, self.gpus, self.max_micro_batch)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, source: str = "plan") -> LaunchPlan:
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanFileError(f"{source} is not valid JSON ({e.msg} at line {e.lineno})") from e
+        if not isinstance(raw, dict):
+            raise PlanFileError(f"{source} must hold a JSON object")
+        version = raw.get("version")
+        if version != PLAN_VERSION:
+            raise PlanFileError(
+                f"{source} has plan version {version!r}; this hpcorch reads version {PLAN_VERSION}"
+            )
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise PlanFileError(f"{source} has unknown field(s): {', '.join(unknown)}")
+        for name in ("global_batch", "gpus", "max_micro_batch"):
+            if name not in raw:
+                raise PlanFileError(f"{source} lacks the field {name!r}")
+        for name in ("global_batch", "gpus", "max_micro_batch", "launch"):
+            value = raw.get(name, 0)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise PlanFileError(f"{source}: {name} must be a non-negative integer")
+        for name in ("job", "lr_scaling"):
+            if raw.get(name) is not None and not isinstance(raw[name], str):
+                raise PlanFileError(f"{source}: {name} must be a string")
+        if raw.get("lr_scaling") not in (None, *LR_SCALING_RULES):
+            raise PlanFileError(
+                f"{source}: unknown lr_scaling {raw['lr_scaling']!r}; "
+                f"valid: {', '.join(LR_SCALING_RULES)}"
+            )
+        plan = cls(**raw)
+        try:
+            plan.batch_plan()
+        except BatchPlanError as e:
+            raise PlanFileError(f"{source}: {e}") from e
+        return plan
+
+
+def read_plan(path: str | os.PathLike[str]) -> LaunchPlan:
+    """Read and validate a plan file; :class:`PlanFileError` names the problem."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise PlanFileError(f"cannot read plan {os.fspath(path)}: {e.strerror}") from e
+    return LaunchPlan.from_json(text, source=f"plan {os.fspath(path)}")
+
+
+def write_plan(path: str | os.PathLike[str], plan: LaunchPlan) -> None:
+    """Write a plan file atomically (temp file, fsync, rename)."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(plan.to_json() + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

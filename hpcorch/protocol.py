@@ -15,6 +15,10 @@ EXIT_RELAUNCH = 75
 """Checkpointed at a safe point on request: relaunch me (possibly at another size).
 
 75 is EX_TEMPFAIL from sysexits.h: a temporary condition, try again later."""
+EXIT_CONFIG = 78
+"""Bad input (plan or checkpoint file unreadable, wrong version, from another job).
+
+A failure that a relaunch cannot fix; 78 is EX_CONFIG from sysexits.h."""
 
 # --- signals ----------------------------------------------------------------------------
 CHECKPOINT_SIGNAL = "USR2"
@@ -31,15 +35,36 @@ ENV_GLOBAL_BATCH = "HPCORCH_GLOBAL_BATCH"
 ENV_PER_GPU_BATCH = "HPCORCH_PER_GPU_BATCH"
 ENV_ACCUM_STEPS = "HPCORCH_ACCUM_STEPS"
 ENV_MAX_PER_GPU_BATCH = "HPCORCH_MAX_PER_GPU_BATCH"
+ENV_MIN_GLOBAL_BATCH = "HPCORCH_MIN_GLOBAL_BATCH"
+ENV_MAX_GLOBAL_BATCH = "HPCORCH_MAX_GLOBAL_BATCH"
+"""Bounds on the global batch; the runtime clamps any plan into them."""
 ENV_LAUNCH = "HPCORCH_LAUNCH"
 """Launch counter of this job (0 for the first launch, +1 per relaunch)."""
 ENV_CKPT_SIGNAL = "HPCORCH_CKPT_SIGNAL"
+"""Signal name(s) that request a safe-point checkpoint, comma separated (default USR2)."""
+ENV_JOB_ID = "HPCORCH_JOB_ID"
+"""Identity of the hpcorch job; a checkpoint written by another job is refused."""
+ENV_LAUNCHER = "HPCORCH_LAUNCHER"
+"""How the runtime forms its process group: auto, env (torchrun), slurm or mpi."""
+ENV_CKPT_INTERVAL = "HPCORCH_CKPT_INTERVAL"
+"""Seconds between periodic checkpoints (0 or unset: only on signal and at the end)."""
+ENV_METRICS_INTERVAL = "HPCORCH_METRICS_INTERVAL"
+"""Least seconds between two metrics lines (default 5)."""
 
 # --- files in a job directory -----------------------------------------------------------
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT_FILE = "heartbeat"
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_PREFIX = "ckpt-"
+CHECKPOINT_SUFFIX = ".pt"
+TMP_SUFFIX = ".tmp"
+"""A file being written; renamed to its final name only once complete and fsynced."""
+
+# --- file format versions ------------------------------------------------------------------
+PLAN_VERSION = 1
+CHECKPOINT_FORMAT = "hpcorch-checkpoint"
+CHECKPOINT_VERSION = 1
 JOB_SPEC_FILE = "job.json"
 BATCH_SCRIPT_FILE = "job.sbatch"
 

@@ -1,0 +1,178 @@
+"""Checkpoint files: atomic writes, discovery of the newest good one, validation, RNG states.
+
+A checkpoint is written to ``ckpt-<step>.pt.tmp``, flushed and fsynced, then renamed to
+``ckpt-<step>.pt`` and the directory fsynced: a complete name always means a complete file.
+Older checkpoints are deleted only after the new one is in place.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpcorch.protocol import (
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_PREFIX,
+    CHECKPOINT_SUFFIX,
+    CHECKPOINT_VERSION,
+    TMP_SUFFIX,
+)
+
+_NAME = re.compile(
+    re.escape(CHECKPOINT_PREFIX)
+    + r"(\d+)"
+    + re.escape(CHECKPOINT_SUFFIX)
+    + f"({re.escape(TMP_SUFFIX)})?$"
+)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file cannot be used (truncated, wrong version, another job's)."""
+
+
+def checkpoint_path(directory: Path, step: int) -> Path:
+    return directory / f"{CHECKPOINT_PREFIX}{step:09d}{CHECKPOINT_SUFFIX}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_atomic(payload: dict[str, Any], path: Path) -> int:
+    """Write ``payload`` to ``path`` atomically; returns the size in bytes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+        size = f.tell()
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+    return size
+
+
+@dataclass(frozen=True)
+class Found:
+    """Result of looking for the checkpoint to resume from."""
+
+    path: Path | None
+    step: int | None
+    torn: tuple[Path, ...]
+    """Incomplete files newer than ``path`` (their writer was killed)."""
+
+
+def scan(directory: Path) -> tuple[list[tuple[int, Path]], list[tuple[int, Path]]]:
+    """(complete, incomplete) checkpoints in ``directory``, oldest first."""
+    complete: list[tuple[int, Path]] = []
+    partial: list[tuple[int, Path]] = []
+    if not directory.is_dir():
+        return complete, partial
+    for p in directory.iterdir():
+        m = _NAME.match(p.name)
+        if m:
+            (partial if m.group(2) else complete).append((int(m.group(1)), p))
+    return sorted(complete), sorted(partial)
+
+
+def find_latest(directory: Path) -> Found:
+    complete, partial = scan(directory)
+    if not complete:
+        return Found(None, None, tuple(p for _, p in partial))
+    step, path = complete[-1]
+    return Found(path, step, tuple(p for s, p in partial if s >= step))
+
+
+def prune(directory: Path, keep: int, current: Path) -> None:
+    """Delete all but the newest ``keep`` complete checkpoints and stale temp files."""
+    complete, partial = scan(directory)
+    for _, p in complete[: max(len(complete) - keep, 0)]:
+        if p != current:
+            p.unlink(missing_ok=True)
+    for _, p in partial:
+        p.unlink(missing_ok=True)
+
+
+def load(path: Path, job_id: str | None) -> dict[str, Any]:
+    """Read and validate a checkpoint; :class:`CheckpointError` names the problem."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} does not exist") from None
+    except Exception as e:  # torch raises many kinds for damaged files
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from e
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{path} is not an hpcorch checkpoint")
+    if payload.get("version") != CHECKPOINT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has version {payload.get('version')!r}; "
+            f"this hpcorch reads version {CHECKPOINT_VERSION}"
+        )
+    owner = payload.get("job")
+    if job_id is not None and owner is not None and owner != job_id:
+        raise CheckpointError(f"checkpoint {path} belongs to job {owner!r}, not to {job_id!r}")
+    return payload
+
+
+# --- random number generators ------------------------------------------------------------
+
+
+def rng_state() -> dict[str, Any]:
+    """Python, numpy, torch CPU and CUDA generator states of this process."""
+    np_state = np.random.get_state(legacy=False)
+    assert isinstance(np_state, dict)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(np.asarray(np_state["state"]["key"]).astype(np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_tuples(state["python"]))
+    n = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": n["key"].numpy().astype(np.uint32), "pos": n["pos"]},
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = state["cuda"]
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
+def seed_all(seed: int) -> None:
+    """Seed every generator (for ranks that did not exist when the checkpoint was taken)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _tuples(x: Any) -> Any:
+    if isinstance(x, list | tuple):
+        return tuple(_tuples(v) for v in x)
+    return x

@@ -1,0 +1,464 @@
+"""The elastic job: safe points, checkpoints, LR scaling and exact resume around a DDP loop."""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import Any, NoReturn
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from hpcorch.planner import BatchPlan, lr_scale, warmup_factor
+from hpcorch.protocol import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_FORMAT,
+    CHECKPOINT_VERSION,
+    EXIT_CONFIG,
+    EXIT_FAILED,
+    EXIT_RELAUNCH,
+    HEARTBEAT_FILE,
+    METRICS_FILE,
+)
+from hpcorch.runtime import checkpoint as ckpt
+from hpcorch.runtime.config import ConfigError, Settings, parse_signals
+from hpcorch.runtime.dist import DistInfo
+from hpcorch.runtime.gns import NoiseScale
+from hpcorch.runtime.metrics import Heartbeat, MetricsWriter, process_age
+from hpcorch.runtime.sampler import ElasticSampler, StepLayout
+from hpcorch.runtime.step import Step
+
+_EARLY: dict[str, float] = {}
+"""Time of a checkpoint signal that arrived before the job object existed."""
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    _EARLY.setdefault("time", time.time())
+
+
+def catch_signals_early(spec: str) -> None:
+    """Hold checkpoint signals from import time on (their default action would kill us)."""
+    try:
+        for sig in parse_signals(spec):
+            signal.signal(sig, _early_handler)
+    except (ConfigError, ValueError):
+        pass  # a bad name is reported by init(); not in the main thread: nothing to do
+
+
+class ElasticJob:
+    """State of one launch of an elastic training job. Create it with ``hpcorch.runtime.init``."""
+
+    def __init__(
+        self,
+        dist_info: DistInfo,
+        settings: Settings,
+        *,
+        base_batch: int,
+        warmup_steps: int,
+        seed: int,
+        keep_checkpoints: int,
+        final_checkpoint: bool,
+        fast_exit: bool,
+        timings: dict[str, float],
+    ) -> None:
+        self.dist = dist_info
+        self.settings = settings
+        self.rank, self.world_size = dist_info.rank, dist_info.world_size
+        self.device = dist_info.device
+        self.state: dict[str, Any] = {}
+        """User state saved in every checkpoint (plain values and tensors)."""
+        self.global_step = 0
+        self.epoch = 0
+        self.offset = 0
+        self.seed = seed
+        self.base_batch = base_batch
+        self.warmup_steps = warmup_steps
+        self.keep_checkpoints = keep_checkpoints
+        self.final_checkpoint = final_checkpoint
+        self.fast_exit = fast_exit
+        self.noise = NoiseScale()
+        self.progress = 0.0
+        """Scale-invariant progress: sum of the LR gains applied (AdaScale's 'iterations')."""
+        self._prev_factor = 1.0
+        self._since_change = 0
+        self.lr_factor = 1.0
+        self._ddp: DistributedDataParallel | None = None
+        self._model: torch.nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scheduler: Any = None
+        self._saved_lrs: list[float] = []
+        self._signalled: float | None = None
+        self._last_ckpt = time.monotonic()
+        self._resume: dict[str, Any] | None = None
+        self._resumed_rng = False
+        self.timings = timings
+        self._first_step_logged = False
+        self._dataset_size = 0
+        main = self.rank == 0
+        jd = settings.job_dir
+        if main:
+            jd.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir = jd / CHECKPOINT_DIR
+        self.metrics = MetricsWriter(jd / METRICS_FILE if main else None, settings.metrics_interval)
+        self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
+        for sig in settings.signals:
+            signal.signal(sig, self._on_signal)
+        self._signalled = _EARLY.pop("time", None)
+        if settings.plan_gpus is not None and settings.plan_gpus != self.world_size:
+            self.log(
+                f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "
+                f"ranks run; planning the batch for {self.world_size}"
+            )
+        self._find_checkpoint()
+
+    # -- set-up -------------------------------------------------------------------------
+    @property
+    def batch(self) -> BatchPlan:
+        """Per-GPU micro-batch and accumulation of this launch."""
+        return self.settings.batch
+
+    @property
+    def global_batch(self) -> int:
+        return self.settings.batch.global_batch
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def noise_scale(self) -> float | None:
+        return self.noise.value
+
+    def log(self, msg: str) -> None:
+        """One line on stderr from rank 0."""
+        if self.is_main:
+            print(f"hpcorch: {msg}", file=sys.stderr, flush=True)
+
+    def fail(self, msg: str, code: int = EXIT_CONFIG) -> NoReturn:
+        """One clear error line (rank 0) and exit; nothing is written."""
+        if self.is_main:
+            print(f"hpcorch: error: {msg}", file=sys.stderr, flush=True)
+        raise SystemExit(code)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self._signalled is None:
+            self._signalled = time.time()
+
+    def _find_checkpoint(self) -> None:
+        found = ckpt.find_latest(self.checkpoint_dir)
+        if found.path is None:
+            if found.torn:
+                self.log(f"ignoring incomplete checkpoint {found.torn[-1].name}; starting afresh")
+            return
+        t0 = time.perf_counter()
+        try:
+            self._resume = ckpt.load(found.path, self.settings.job_id)
+        except ckpt.CheckpointError as e:
+            self.fail(str(e))
+        self.timings["checkpoint_load_seconds"] = round(time.perf_counter() - t0, 3)
+        if found.torn:
+            self.log(
+                f"checkpoint {found.torn[-1].name} is incomplete (its writer was killed); "
+                f"resuming from the previous good one, {found.path.name}"
+            )
+        else:
+            self.log(f"resuming from {found.path}")
+        r = self._resume
+        self.global_step, self.epoch, self.offset = r["global_step"], r["epoch"], r["offset"]
+        self.seed, self.base_batch = r["seed"], r["lr"]["base_batch"]
+        self.state = dict(r["user"])
+        self.noise.load_state_dict(r["gns"])
+        self.progress = r["lr"]["progress"]
+        if r["plan"]["global_batch"] == self.global_batch:
+            self._prev_factor = r["lr"]["prev_factor"]
+            self._since_change = r["lr"]["since_change"]
+        else:  # a new batch size: warm up from the factor in effect when we stopped
+            self._prev_factor = r["lr"]["factor"]
+            self._since_change = 0
+
+    def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
+        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""
+        t0 = time.perf_counter()
+        module = module.to(self.device)
+        if self.device.type == "cuda":
+            ddp_kwargs.setdefault("device_ids", [self.device])
+        self._ddp = DistributedDataParallel(module, **ddp_kwargs)
+        # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
+        self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
+        self.timings["ddp_wrap_seconds"] = round(time.perf_counter() - t0, 3)
+        return self._ddp
+
+    def track(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+    ) -> None:
+        """Checkpoint these (restoring them now when resuming); scale the optimizer's LR."""
+        self._model = model.module if isinstance(model, DistributedDataParallel) else model
+        self._optimizer, self._scheduler = optimizer, scheduler
+        optimizer.register_step_pre_hook(self._scale_lr)
+        optimizer.register_step_post_hook(self._unscale_lr)
+        r = self._resume
+        if r is None:
+            return
+        try:
+            self._model.load_state_dict(r["model"])
+            optimizer.load_state_dict(r["optimizer"])
+            if scheduler is not None and r.get("scheduler") is not None:
+                scheduler.load_state_dict(r["scheduler"])
+        except (RuntimeError, KeyError, ValueError) as e:
+            self.fail(f"checkpoint does not fit this model or optimizer: {str(e).splitlines()[0]}")
+
+    def _scale_lr(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self._saved_lrs = [g["lr"] for g in opt.param_groups]
+        for g in opt.param_groups:
+            g["lr"] = g["lr"] * self.lr_factor
+
+    def _unscale_lr(self, opt: Any, args: Any, kwargs: Any) -> None:
+        for g, lr in zip(opt.param_groups, self._saved_lrs, strict=True):
+            g["lr"] = lr
+
+    def _update_lr_factor(self) -> None:
+        target = lr_scale(
+            self.settings.lr_scaling, self.global_batch, self.base_batch, self.noise.value
+        )
+        self.lr_factor = warmup_factor(
+            self._prev_factor, target, self._since_change, self.warmup_steps
+        )
+        if self._since_change >= self.warmup_steps:
+            self._prev_factor = target
+
+    # -- the loop --------------------------------------------------------------------------
+    def steps(
+        self,
+        dataset: Any,
+        epochs: int,
+        *,
+        shuffle: bool = True,
+        collate_fn: Callable[[list[Any]], Any] | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+    ) -> Iterator[Step]:
+        """The optimizer steps left of ``epochs`` epochs over ``dataset``, from where it stopped.
+
+        At each step boundary all ranks agree whether a checkpoint was requested; if so the
+        checkpoint is written and the process exits with EXIT_RELAUNCH (75).
+        """
+        if self._model is None:
+            raise RuntimeError("call job.track(model, optimizer) before job.steps(...)")
+        n = len(dataset)
+        if self._resume is not None and self._resume["dataset_size"] != n:
+            self.fail(
+                f"the checkpoint was taken on a dataset of {self._resume['dataset_size']} "
+                f"samples, this one has {n}"
+            )
+        sampler = ElasticSampler(n, self.seed, shuffle)
+        if self._resume is not None and not self._resumed_rng:
+            rngs = self._resume["rng"]
+            if self.rank < len(rngs):
+                ckpt.set_rng_state(rngs[self.rank])
+            else:  # a rank that did not exist: fresh but deterministic streams
+                ckpt.seed_all(self.seed * 1_000_003 + self.global_step * 1009 + self.rank)
+            self._resumed_rng = True
+        self._event_start(n)
+        t_last = time.perf_counter()
+        while self.epoch < epochs:
+            layouts = list(sampler.steps(self.epoch, self.offset, self.batch, self.rank))
+            loader = DataLoader(
+                dataset,
+                batch_sampler=[list(mb.indices) for lay in layouts for mb in lay.micro],
+                collate_fn=collate_fn,
+                num_workers=num_workers,
+                pin_memory=pin_memory,
+                generator=torch.Generator().manual_seed(self.seed * 7919 + self.epoch),
+            )
+            batches = iter(loader)
+            for layout in layouts:
+                self._update_lr_factor()
+                step = Step(self, layout, batches)
+                yield step
+                if step._done != len(layout.micro):
+                    raise RuntimeError(
+                        f"step {self.global_step}: {step._done} of {len(layout.micro)} "
+                        "micro-batches were processed; iterate the whole step"
+                    )
+                t_now = time.perf_counter()
+                self._boundary(step, layout, epochs, t_now - t_last)
+                t_last = time.perf_counter()
+        self._finish()
+
+    def _boundary(self, step: Step, layout: StepLayout, epochs: int, seconds: float) -> None:
+        """Book-keeping after a step; the safe point where checkpoints happen."""
+        local_sq, global_sq = self.noise.take()
+        periodic = (
+            self.is_main
+            and self.settings.checkpoint_interval > 0
+            and time.monotonic() - self._last_ckpt >= self.settings.checkpoint_interval
+        )
+        flags = torch.tensor(
+            [
+                1.0 if self._signalled is not None else 0.0,
+                1.0 if periodic else 0.0,
+                float(local_sq) if local_sq is not None else 0.0,
+                float(step._loss),
+            ],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        dist.all_reduce(flags)
+        stop, save, sum_local_sq, loss_sum = flags.tolist()
+        if layout.full and global_sq is not None and self.world_size > 1:
+            self.noise.update(
+                sum_local_sq / self.world_size,
+                float(global_sq),
+                layout.local_samples,
+                layout.size,
+            )
+        self.progress += self.lr_factor
+        self.global_step += 1
+        self._since_change += 1
+        self.offset = layout.offset + layout.size
+        if self.offset >= self._dataset_size:
+            self.epoch, self.offset = self.epoch + 1, 0
+        finished = self.epoch >= epochs
+        loss = loss_sum / layout.size if layout.size else None
+        self.metrics.step(
+            step=self.global_step,
+            seconds=seconds,
+            samples=layout.size,
+            loss=loss if loss is not None and math.isfinite(loss) else None,
+            force=finished or stop > 0,
+            epoch=self.epoch,
+            global_batch=self.global_batch,
+            per_gpu_batch=self.batch.micro_batch,
+            accum_steps=self.batch.accum_steps,
+            gpus=self.world_size,
+            lr_factor=self.lr_factor,
+            noise_scale=self.noise.value,
+            progress=self.progress,
+        )
+        if not self._first_step_logged:
+            self._first_step_logged = True
+            self.metrics.event("first_step", step=self.global_step, since_start=process_age())
+        self.heartbeat.beat(self.global_step)
+        if stop > 0 and not finished:
+            self.checkpoint(reason="signal")
+            self._exit(EXIT_RELAUNCH)
+        if save > 0 and not finished:
+            self.checkpoint(reason="periodic")
+
+    def _finish(self) -> None:
+        if self.final_checkpoint:
+            self.checkpoint(reason="done")
+        self.metrics.event("done", step=self.global_step)
+        self.heartbeat.beat(self.global_step, state="done", force=True)
+
+    # -- checkpoints -----------------------------------------------------------------------
+    def checkpoint(self, reason: str = "request") -> None:
+        """Write a checkpoint now (collective: every rank must call it)."""
+        t0 = time.perf_counter()
+        rngs: list[Any] = [None] * self.world_size
+        dist.all_gather_object(rngs, ckpt.rng_state())
+        ok, size, path = 1.0, 0, ckpt.checkpoint_path(self.checkpoint_dir, self.global_step)
+        if self.is_main:
+            try:
+                size = ckpt.save_atomic(self._payload(rngs), path)
+                ckpt.prune(self.checkpoint_dir, self.keep_checkpoints, path)
+            except OSError as e:
+                print(f"hpcorch: error: cannot write checkpoint {path}: {e}", file=sys.stderr)
+                ok = 0.0
+        status = torch.tensor([ok], dtype=torch.float64, device=self.device)
+        dist.all_reduce(status, op=dist.ReduceOp.MIN)
+        if status.item() < 1:
+            self._exit(EXIT_FAILED)
+        self._last_ckpt = time.monotonic()
+        written = time.time()
+        self.metrics.event(
+            "checkpoint",
+            reason=reason,
+            step=self.global_step,
+            path=str(path),
+            bytes=size,
+            seconds=time.perf_counter() - t0,
+            signal_time=self._signalled,
+            written_time=written,
+        )
+
+    def _payload(self, rngs: list[Any]) -> dict[str, Any]:
+        assert self._model is not None and self._optimizer is not None
+        b = self.batch
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "job": self.settings.job_id,
+            "written_at": time.time(),
+            "world_size": self.world_size,
+            "global_step": self.global_step,
+            "epoch": self.epoch,
+            "offset": self.offset,
+            "dataset_size": self._dataset_size,
+            "seed": self.seed,
+            "plan": {
+                "global_batch": b.global_batch,
+                "gpus": b.gpus,
+                "micro_batch": b.micro_batch,
+                "accum_steps": b.accum_steps,
+            },
+            "lr": {
+                "rule": self.settings.lr_scaling,
+                "base_batch": self.base_batch,
+                "factor": self.lr_factor,
+                "prev_factor": self._prev_factor,
+                "since_change": self._since_change,
+                "progress": self.progress,
+            },
+            "gns": self.noise.state_dict(),
+            "model": self._model.state_dict(),
+            "optimizer": self._optimizer.state_dict(),
+            "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
+            "user": self.state,
+            "rng": rngs,
+        }
+
+    def _exit(self, code: int) -> NoReturn:
+        self.metrics.event("exit", code=code, step=self.global_step)
+        self.heartbeat.beat(self.global_step, state=f"exit {code}", force=True)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if self.fast_exit:
+            # the checkpoint is durable: skip the interpreter's teardown of torch (1-2 s)
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        raise SystemExit(code)
+
+    def _event_start(self, dataset_size: int) -> None:
+        self._dataset_size = dataset_size
+        self.metrics.event(
+            "start",
+            step=self.global_step,
+            epoch=self.epoch,
+            offset=self.offset,
+            resumed=self._resume is not None,
+            launcher=self.dist.launcher,
+            backend=self.dist.backend,
+            master=f"{self.dist.master_addr}:{self.dist.master_port}",
+            gpus=self.world_size,
+            global_batch=self.global_batch,
+            requested_batch=self.settings.requested_batch,
+            per_gpu_batch=self.batch.micro_batch,
+            accum_steps=self.batch.accum_steps,
+            lr_scaling=self.settings.lr_scaling,
+            pid=os.getpid(),
+            **self.timings,
+        )

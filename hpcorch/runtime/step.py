@@ -1,0 +1,70 @@
+"""One optimizer step as the training loop sees it: micro-batches and weighted backward."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hpcorch.runtime.sampler import MicroBatch, StepLayout
+
+if TYPE_CHECKING:
+    from hpcorch.runtime.job import ElasticJob
+
+
+class Step:
+    """One optimizer step of this rank: iterate it for the micro-batches, ``backward`` each."""
+
+    def __init__(self, job: ElasticJob, layout: StepLayout, batches: Iterator[Any]) -> None:
+        self.job = job
+        self.layout = layout
+        self._batches = batches
+        self._current: MicroBatch | None = None
+        self._done = 0
+        self._loss = torch.zeros((), dtype=torch.float64, device=job.device)
+
+    @property
+    def index(self) -> int:
+        """Global step number (0-based) of this step."""
+        return self.job.global_step
+
+    @property
+    def epoch(self) -> int:
+        return self.layout.epoch
+
+    @property
+    def indices(self) -> list[int]:
+        """Dataset indices this rank processes in this step (placeholders excluded)."""
+        return [i for mb in self.layout.micro if mb.real for i in mb.indices]
+
+    @property
+    def lr_factor(self) -> float:
+        return self.job.lr_factor
+
+    def __len__(self) -> int:
+        return len(self.layout.micro)
+
+    def __iter__(self) -> Iterator[Any]:
+        ddp = self.job._ddp
+        last = len(self.layout.micro) - 1
+        for j, mb in enumerate(self.layout.micro):
+            if ddp is not None:  # all-reduce only on the last pass (gradient accumulation)
+                ddp.require_backward_grad_sync = j == last
+            self._current = mb
+            yield next(self._batches)
+            if self._current is not None:
+                raise RuntimeError("call step.backward(loss) once per micro-batch")
+        if ddp is not None:
+            ddp.require_backward_grad_sync = True
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of the micro-batch's mean loss, weighted for accumulation and the world."""
+        mb = self._current
+        if mb is None:
+            raise RuntimeError("step.backward(loss) called outside the micro-batch loop")
+        self._current = None
+        self._done += 1
+        torch.autograd.backward(loss * mb.weight)
+        if mb.real:
+            self._loss += loss.detach().double() * mb.real

@@ -1,0 +1,13 @@
+"""The runtime's integration tests run on the project's shared test pool (tests/conftest.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def runtime_pool(slurm_pool: Any) -> dict[str, str]:
+    """Just what reaches the pool: the runtime tests build the rest of each job's env."""
+    return {k: slurm_pool.env[k] for k in ("SLURM_CONF", "HPCORCH_POOL_DIR")}

@@ -1,0 +1,54 @@
+"""torchrun-style launch (RANK/WORLD_SIZE/MASTER_* env, gloo), no Slurm involved.
+
+Only one rank receives the signal: the all-reduced flag must still stop every rank at the
+same step boundary. Then the job resumes on a single process (2 -> 1) and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
+from tests.runtime.harness import events, launch, signal_at
+
+pytestmark = pytest.mark.slow
+
+ARGS = ["--epochs", "1", "--samples", "768", "--global-batch", "48", "--max-micro-batch", "8",
+        "--step-delay", "0.05"]  # fmt: skip
+
+
+def test_signal_to_one_rank_stops_all_then_resume_on_one(tmp_path: Path) -> None:
+    jd = tmp_path / "job"
+    rec = ["--record", str(jd / "seen")]
+    jd.mkdir()
+    run = launch(2, jd, [*ARGS, *rec])
+    signal_at(run, jd, 3, ranks=[1])
+    assert run.wait() == [EXIT_RELAUNCH, EXIT_RELAUNCH], run.stderr()
+    (stop,) = events(jd, "checkpoint")
+    assert stop["reason"] == "signal" and events(jd, "exit")[0]["code"] == EXIT_RELAUNCH
+    one = launch(1, jd, [*ARGS, *rec])
+    assert one.wait() == [EXIT_DONE], one.stderr()
+    start = events(jd, "start")[-1]
+    assert (start["step"], start["gpus"], start["resumed"]) == (stop["step"], 1, True)
+    assert start["global_batch"] == 48 and start["accum_steps"] == 6
+    seen: Counter[int] = Counter()
+    for f in jd.glob("seen.*.jsonl"):
+        for line in f.read_text().splitlines():
+            seen.update(json.loads(line)["idx"])
+    assert seen == Counter(range(768))
+    hb = json.loads((jd / "heartbeat").read_text())
+    assert hb["state"] == "done" and hb["step"] == 16
+
+
+def test_configured_checkpoint_signal_is_honoured(tmp_path: Path) -> None:
+    jd = tmp_path / "early"
+    run = launch(1, jd, ARGS, HPCORCH_CKPT_SIGNAL="USR1")
+    # waits for the job to be running its loop, then asks with the configured signal
+    signal_at(run, jd, 1, ranks=[0], sig=signal.SIGUSR1)
+    assert run.wait() == [EXIT_RELAUNCH], run.stderr()
+    assert events(jd, "checkpoint")[0]["step"] >= 1

@@ -1,0 +1,35 @@
+"""Metrics lines at a bounded rate; heartbeat rewritten atomically."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from hpcorch.runtime.metrics import Heartbeat, MetricsWriter, process_age
+
+
+def test_fast_steps_are_summarised_not_logged_one_by_one(tmp_path: Path) -> None:
+    m = MetricsWriter(tmp_path / "m.jsonl", interval=0.2)
+    end = time.monotonic() + 0.5
+    step = 0
+    while time.monotonic() < end:
+        step += 1
+        m.step(step=step, seconds=0.001, samples=64, loss=2.0, global_batch=64)
+        time.sleep(0.001)
+    lines = [json.loads(x) for x in (tmp_path / "m.jsonl").read_text().splitlines()]
+    assert step > 50 and 1 <= len(lines) <= 4  # ~0.5 s / 0.2 s, however many steps
+    assert sum(x["steps"] for x in lines) <= step
+    assert abs(lines[0]["samples_per_s"] - 64_000) < 1e-6 and lines[0]["loss"] == 2.0
+
+
+def test_heartbeat(tmp_path: Path) -> None:
+    hb = Heartbeat(tmp_path / "heartbeat", interval=3600)
+    hb.beat(1)
+    hb.beat(2)  # within the interval: not rewritten
+    assert json.loads((tmp_path / "heartbeat").read_text())["step"] == 1
+    hb.beat(3, state="done", force=True)
+    body = json.loads((tmp_path / "heartbeat").read_text())
+    assert (body["step"], body["state"]) == (3, "done")
+    assert not list(tmp_path.glob("*.tmp"))
+    assert 0 < process_age() < 3600
