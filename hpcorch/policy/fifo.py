@@ -20,10 +20,11 @@ class FifoPolicy:
     name: str = "fifo"
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        running = [j for j in snapshot.jobs if j.running]
+        running = [j for j in snapshot.jobs if j.running and j.min_gpus <= j.gpus <= j.max_gpus]
         free = free_gpus(snapshot, {j.job_id: j.placement for j in running})
         plans: list[JobPlan] = [keep_plan(j) for j in running]
-        for job in arrival_order([j for j in snapshot.jobs if not j.running]):
+        kept = {j.job_id for j in running}
+        for job in arrival_order([j for j in snapshot.jobs if j.job_id not in kept]):
             need = min(job.requested_gpus, snapshot.total_gpus)
             placement = place_packed(free, need)
             if placement is not None:

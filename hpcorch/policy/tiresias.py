@@ -43,15 +43,16 @@ class TiresiasPolicy:
             if need <= left:
                 run.append(key)
                 left -= need
-        kept = {k: jobs[k].placement for k in run if jobs[k].running}
+        need = {k: min(jobs[k].requested_gpus, snapshot.total_gpus) for k in run}
+        kept = {k: jobs[k].placement for k in run if jobs[k].gpus == need[k]}
         free = free_gpus(snapshot, kept)
         plans: list[JobPlan] = []
         for key in run:
             job = jobs[key]
-            if job.running:
+            if key in kept:
                 plans.append(keep_plan(job))
                 continue
-            placement = place_most_free(free, min(job.requested_gpus, snapshot.total_gpus))
+            placement = place_most_free(free, need[key])
             assert placement is not None
             plans.append(job_plan(job, placement, job.requested_batch))
         return Plan(tuple(plans))

@@ -57,6 +57,8 @@ class JobView:
     grad_sqr: float | None = None
     grad_var: float | None = None
     """Gradient statistics of the current epoch (noise scale = grad_var / grad_sqr)."""
+    grad_history: tuple[tuple[float, float], ...] = ()
+    """(grad_sqr, grad_var) reported at the end of each finished epoch."""
     attained_service: float = 0.0
     """GPU-seconds held so far."""
     run_time: float = 0.0
@@ -80,6 +82,7 @@ class CompletedJob:
     progress: float
     epochs: int
     profile: tuple[StepSample, ...] = ()
+    grad_history: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)

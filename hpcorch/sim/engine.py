@@ -37,6 +37,7 @@ class SimJob:
     start_time: float | None = None
     completion_time: float | None = None
     grad: tuple[float, float] | None = None
+    grad_history: list[tuple[float, float]] = field(default_factory=list)
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
 
     @property
@@ -81,6 +82,7 @@ class SimJob:
                 used = seconds
             else:
                 used = min(float(round((nxt - self.progress) / goodput)), seconds)
+                self.grad_history.append(self.grad)
                 self.epoch += 1
                 self.progress = nxt
                 if self.epoch >= app.epochs:
@@ -110,6 +112,7 @@ class SimCluster:
         self._by_id = {j.spec.name: j for j in self.jobs}
         self.allocated_gpu_seconds = 0.0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self._completed: dict[str, CompletedJob] = {}
 
     # -- time -----------------------------------------------------------------------------
     def advance(self, seconds: float) -> None:
@@ -156,6 +159,7 @@ class SimCluster:
                     progress=j.progress,
                     grad_sqr=j.grad[0] if j.grad else None,
                     grad_var=j.grad[1] if j.grad else None,
+                    grad_history=tuple(j.grad_history),
                     attained_service=j.attained_service,
                     run_time=j.run_time,
                     restarts=max(j.restarts, 0),
@@ -165,19 +169,23 @@ class SimCluster:
         return out
 
     def completed(self) -> list[CompletedJob]:
-        return [
-            CompletedJob(
-                job_id=j.spec.name,
-                application=j.spec.application,
-                jct=(j.completion_time or 0.0) - j.spec.time,
-                gpu_seconds=j.attained_service,
-                progress=j.progress,
-                epochs=j.epoch,
-                profile=_samples(j),
-            )
-            for j in self.jobs
-            if j.done
-        ]
+        for j in self.jobs:
+            if j.done and j.spec.name not in self._completed:
+                self._completed[j.spec.name] = self._record(j)
+        return list(self._completed.values())
+
+    @staticmethod
+    def _record(j: SimJob) -> CompletedJob:
+        return CompletedJob(
+            job_id=j.spec.name,
+            application=j.spec.application,
+            jct=(j.completion_time or 0.0) - j.spec.time,
+            gpu_seconds=j.attained_service,
+            progress=j.progress,
+            epochs=j.epoch,
+            profile=_samples(j),
+            grad_history=tuple(j.grad_history),
+        )
 
     # -- actuation ------------------------------------------------------------------------
     def apply(self, plan: Plan) -> None:
