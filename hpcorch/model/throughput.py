@@ -114,4 +114,4 @@ class ThroughputModel:
         """Seconds per optimizer step."""
         comp = self.compute(micro)
         step = comp + self.overhead(nodes, gpus, micro)
-        return step + (np.asarray(accum, dtype=float) - 1) * comp
+        return np.asarray(step + (np.asarray(accum, dtype=float) - 1) * comp)

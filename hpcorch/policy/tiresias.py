@@ -39,10 +39,10 @@ class TiresiasPolicy:
         left = snapshot.total_gpus
         run: list[str] = []
         for key in (*q0, *q1):
-            need = min(jobs[key].requested_gpus, snapshot.total_gpus)
-            if need <= left:
+            count = min(jobs[key].requested_gpus, snapshot.total_gpus)
+            if count <= left:
                 run.append(key)
-                left -= need
+                left -= count
         need = {k: min(jobs[k].requested_gpus, snapshot.total_gpus) for k in run}
         kept = {k: jobs[k].placement for k in run if jobs[k].gpus == need[k]}
         free = free_gpus(snapshot, kept)

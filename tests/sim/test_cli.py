@@ -56,7 +56,7 @@ def test_bad_workload_one_line_error(
 ) -> None:
     path = tmp_path / "bad.csv"
     path.write_text(content)
-    code, out, err = _run(str(path), "--policy", "fifo")
+    code, _, err = _run(str(path), "--policy", "fifo")
     assert code != 0
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err

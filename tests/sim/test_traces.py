@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,7 @@ def test_single_gpu_step_time_grows_with_batch(apps: dict[str, AppTrace], name: 
     app = apps[name]
     sizes = np.linspace(app.min_micro, app.max_micro, 12).astype(int)
     times = [app.step_time((1,), int(b))[0] for b in sizes]
-    assert all(b >= a - 1e-12 for a, b in zip(times, times[1:], strict=False))
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(times))
 
 
 @pytest.mark.parametrize("name", APPS)
@@ -67,7 +68,6 @@ def test_gain_grows_with_batch_and_is_one_at_initial_batch(
     for epoch in (0, app.epochs // 2, app.epochs - 1):
         assert app.gain(app.init_batch, epoch) == pytest.approx(1.0)
         batches = np.geomspace(app.init_batch, app.max_batch, 9)
-        sqr, var = app.grad_stats(app.init_batch, epoch)
         g = [app.gain(b, epoch) for b in batches]
         assert all(x > 0 for x in g)
 
