@@ -56,6 +56,8 @@ class JobSpec:
     time_limit: str | None = None
     python: str | None = None
     signal_lead_s: int = 120
+    app: str | None = None
+    """Application name: jobs of one application share a throughput model."""
     managed: bool = False
     """Submitted into a controller's pool: held until the controller starts it."""
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
@@ -71,6 +73,10 @@ class JobSpec:
             parts.append(f"batch={self.global_batch}")
         if self.max_global_batch:
             parts.append(f"maxbatch={self.max_global_batch}")
+        if self.max_per_gpu_batch:
+            parts.append(f"micro={self.max_per_gpu_batch}")
+        if self.managed:
+            parts += [f"app={self.app or self.name}", f"dir={self.job_dir}"]
         return f"{JOB_COMMENT_TAG}:" + ",".join(parts)
 
 
@@ -116,6 +122,8 @@ def check_sbatch_path(path: str, what: str) -> str:
 def render_batch_script(spec: JobSpec) -> str:
     """The batch script for ``spec``: deterministic, so it can be golden-file tested."""
     check_name(spec.name)
+    if spec.app:
+        check_name(spec.app)
     check_sbatch_path(spec.job_dir, "job directory")
     if spec.nodes < 1 or spec.gpus_per_node < 1:
         raise SpecError(
