@@ -60,7 +60,11 @@ class SlurmCLI:
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
         if proc.returncode != 0:
-            msg = _first_error_line(proc.stderr) or f"exit code {proc.returncode}"
+            msg = (
+                _first_error_line(proc.stderr)
+                or _first_error_line(proc.stdout)
+                or f"exit code {proc.returncode}"
+            )
             if _unreachable(proc.stderr):
                 raise SlurmUnavailable(f"Slurm is not reachable ({argv[0]}: {msg})")
             raise SlurmCommandError(f"{argv[0]} failed: {msg}")
