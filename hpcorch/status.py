@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +25,31 @@ class JobRow:
     run_time_s: int
     nodes: str
     reason: str
+    phase: str = ""
+    """The controller's phase of the job, when a controller manages it."""
+    micro_batch: int = 0
+    accum_steps: int = 0
+    samples_per_s: float = 0.0
+
+    def batch_text(self) -> str:
+        if not self.global_batch:
+            return "-"
+        if self.micro_batch and self.gpus:
+            return f"{self.global_batch}={self.micro_batch}x{self.accum_steps}x{self.gpus}"
+        return str(self.global_batch)
+
+
+@dataclass(frozen=True)
+class Managed:
+    """What the controller adds to a job's row."""
+
+    phase: str
+    reason: str
+    global_batch: int
+    micro_batch: int
+    accum_steps: int
+    samples_per_s: float
+    restarts: int
 
 
 @dataclass(frozen=True)
@@ -40,8 +65,14 @@ def _int(fields: dict[str, str], key: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def job_rows(jobs: Sequence[SlurmJob], now: int, user: str | None = None) -> list[JobRow]:
+def job_rows(
+    jobs: Sequence[SlurmJob],
+    now: int,
+    user: str | None = None,
+    managed: Mapping[int, Managed] | None = None,
+) -> list[JobRow]:
     """hpcorch's jobs (marked by their comment), optionally one user's, oldest first."""
+    managed = managed or {}
     rows = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         fields = parse_comment(job.comment)
@@ -49,6 +80,7 @@ def job_rows(jobs: Sequence[SlurmJob], now: int, user: str | None = None) -> lis
             continue
         started = job.start_time if job.state not in ("PENDING",) else 0
         ended = job.end_time if job.end_time and job.state not in ("RUNNING",) else now
+        m = managed.get(job.job_id)
         rows.append(
             JobRow(
                 job_id=job.job_id,
@@ -59,11 +91,15 @@ def job_rows(jobs: Sequence[SlurmJob], now: int, user: str | None = None) -> lis
                 gpus=job.gpus,
                 min_gpus=_int(fields, "min") or job.gpus,
                 max_gpus=_int(fields, "max") or job.gpus,
-                global_batch=_int(fields, "batch"),
+                global_batch=(m.global_batch if m and m.global_batch else _int(fields, "batch")),
                 restarts=job.restarts,
                 run_time_s=max(0, ended - started) if started else 0,
                 nodes=job.nodes,
-                reason=job.reason,
+                reason=m.reason if m and m.reason else job.reason,
+                phase=m.phase if m else "",
+                micro_batch=m.micro_batch if m else 0,
+                accum_steps=m.accum_steps if m else 0,
+                samples_per_s=m.samples_per_s if m else 0.0,
             )
         )
     return rows
@@ -108,23 +144,33 @@ def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
     if not jobs:
         out.append("no hpcorch jobs")
         return "\n".join(out)
+    managed = any(j.phase for j in jobs)
     headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "MIN-MAX", "BATCH", "RESTARTS", "TIME"]
-    headers.append("NODELIST(REASON)")
-    rows = [
-        [
+    headers += ["SAMPLES/S", "NODELIST", "REASON"] if managed else ["NODELIST(REASON)"]
+    rows = []
+    for j in jobs:
+        row = [
             str(j.job_id),
             j.name,
             j.user,
-            j.state,
-            str(j.gpus),
+            j.phase.upper()
+            if (managed and j.phase and j.state != "PENDING") or j.phase == "queued"
+            else j.state,
+            str(j.gpus) if j.state != "PENDING" else "0",
             f"{j.min_gpus}-{j.max_gpus}",
-            str(j.global_batch) if j.global_batch else "-",
+            j.batch_text(),
             str(j.restarts),
             fmt_duration(j.run_time_s),
-            f"({j.reason})" if j.state == "PENDING" else j.nodes,
         ]
-        for j in jobs
-    ]
+        if managed:
+            row += [
+                f"{j.samples_per_s:.0f}" if j.samples_per_s else "-",
+                j.nodes if j.state != "PENDING" else "-",
+                j.reason,
+            ]
+        else:
+            row.append(f"({j.reason})" if j.state == "PENDING" else j.nodes)
+        rows.append(row)
     out.append(render_table(headers, rows))
     return "\n".join(out)
 

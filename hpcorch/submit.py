@@ -33,6 +33,10 @@ class SubmitRequest:
     time_limit: str | None = None
     partition: str | None = None
     cpus_per_gpu: int | None = None
+    max_per_gpu_batch: int | None = None
+    pool: str | None = None
+    """The controller's pool (a Slurm reservation): the job is held for the controller."""
+    app: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,12 @@ class PoolShape:
         return self.nodes * self.gpus_per_node
 
 
-def pool_shape(nodes: Sequence[SlurmNode], partition: str) -> PoolShape:
-    """The GPU shape of a partition (the smallest node sets the per-node figures)."""
-    mine = [n for n in nodes if partition in n.partitions]
+def pool_shape(
+    nodes: Sequence[SlurmNode], partition: str, only: Sequence[str] | None = None
+) -> PoolShape:
+    """The GPU shape of a partition, or of the nodes ``only`` (a reservation), the
+    smallest node setting the per-node figures."""
+    mine = [n for n in nodes if partition in n.partitions and (only is None or n.name in only)]
     gpu_nodes = [n for n in mine if n.gpus > 0]
     if not gpu_nodes:
         raise SubmitError(f"partition '{partition}' has no GPU nodes")
@@ -87,9 +94,10 @@ def new_job_key(name: str) -> str:
 
 def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path) -> JobSpec:
     if req.min_gpus > shape.gpus:
+        where = f"pool '{req.pool}'" if req.pool else f"partition '{shape.partition}'"
         raise SubmitError(
-            f"--min-gpus {req.min_gpus} exceeds the {shape.gpus} GPUs of partition "
-            f"'{shape.partition}' ({shape.nodes} nodes x {shape.gpus_per_node})"
+            f"--min-gpus {req.min_gpus} exceeds the {shape.gpus} GPUs of {where} "
+            f"({shape.nodes} nodes x {shape.gpus_per_node})"
         )
     max_gpus = min(req.max_gpus, shape.gpus)
     try:
@@ -108,10 +116,14 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         max_gpus=max_gpus,
         job_dir=str(job_dir),
         wrapper=str(wrapper_path()),
-        cpus_per_task=cpus,
+        cpus_per_gpu=cpus,
         global_batch=req.batch_size,
         max_global_batch=req.max_batch_size,
+        max_per_gpu_batch=req.max_per_gpu_batch,
         partition=shape.partition,
+        reservation=req.pool,
+        managed=req.pool is not None,
+        app=req.app,
         time_limit=req.time_limit,
         python=sys.executable,
     )
@@ -120,7 +132,14 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
 def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> SubmitResult:
     """Submit ``req`` straight to Slurm at its minimum GPU count."""
     partition = resolve_partition(backend, req.partition)
-    shape = pool_shape(backend.nodes(), partition)
+    only = None
+    if req.pool is not None:
+        pools = backend.reservations()
+        if req.pool not in pools:
+            valid = ", ".join(sorted(pools)) or "none"
+            raise SubmitError(f"pool '{req.pool}' does not exist (valid: {valid})")
+        only = pools[req.pool]
+    shape = pool_shape(backend.nodes(), partition, only)
     job_key = new_job_key(req.name)
     job_dir = jobs_dir() / job_key
     spec = build_spec(req, shape, job_key, job_dir)

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ def spec(**kw: object) -> JobSpec:
         max_gpus=8,
         job_dir="/home/u/.hpcorch/jobs/train-20260101-000000-abcd",
         wrapper="/opt/hpcorch/jobscripts/hpcorch-run.sbatch",
-        cpus_per_task=4,
+        cpus_per_gpu=4,
         global_batch=256,
         max_global_batch=2048,
         partition="gpu",
@@ -61,7 +62,7 @@ def test_script_arguments_reach_the_wrapper_unchanged(tmp_path: Path) -> None:
     # `exec bash WRAPPER ...`: make "bash" run python on the wrapper instead
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "bash").write_text('#!/bin/sh\nexec python3 "$@"\n')
+    (fake_bin / "bash").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
     (fake_bin / "bash").chmod(stat.S_IRWXU)
     script = render_batch_script(spec(wrapper=str(wrapper), script_args=NASTY))
     env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}

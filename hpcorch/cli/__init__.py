@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from hpcorch import __version__
+from hpcorch.cli.controller import controller, describe, metrics, resize
 from hpcorch.cli.jobs import cancel, status, submit
 from hpcorch.cli.simulate import simulate
 
@@ -15,5 +16,5 @@ def main() -> None:
     """hpcorch: elastic batch-size orchestration of deep-learning training on Slurm."""
 
 
-for _command in (submit, status, cancel, simulate):
+for _command in (submit, status, cancel, controller, describe, resize, metrics, simulate):
     main.add_command(_command)

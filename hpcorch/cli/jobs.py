@@ -9,10 +9,12 @@ from pathlib import Path
 
 import click
 
+from hpcorch.cli.controller import STATE_DB, controller_dir
+from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.script import SpecError, check_name, check_time, parse_comment
-from hpcorch.status import job_rows, pool_rows, render_status, status_document
+from hpcorch.status import Managed, job_rows, pool_rows, render_status, status_document
 from hpcorch.submit import SubmitRequest
 from hpcorch.submit import submit as submit_job
 
@@ -32,6 +34,17 @@ def _fail(exc: HpcorchError) -> click.ClickException:
 @click.option("--partition", help="Slurm partition [default: Slurm's default].")
 @click.option("--name", help="Job name [default: the script's name].")
 @click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU task.")
+@click.option(
+    "--max-per-gpu-batch",
+    type=click.IntRange(min=1),
+    help="Largest per-GPU micro-batch that fits in memory.",
+)
+@click.option(
+    "--pool",
+    envvar="HPCORCH_POOL",
+    help="The controller's pool (reservation) [default: $HPCORCH_POOL; none: straight to Slurm].",
+)
+@click.option("--app", help="Application name; jobs of one application share a model.")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
 def submit(
@@ -45,6 +58,9 @@ def submit(
     partition: str | None,
     name: str | None,
     cpus_per_gpu: int | None,
+    max_per_gpu_batch: int | None,
+    pool: str | None,
+    app: str | None,
     dry_run: bool,
     parsable: bool,
 ) -> None:
@@ -63,6 +79,8 @@ def submit(
     name = name or Path(script).stem.replace(" ", "_") or "job"
     try:
         check_name(name)
+        if app:
+            check_name(app)
         if time_limit:
             check_time(time_limit)
     except SpecError as exc:
@@ -80,6 +98,9 @@ def submit(
         time_limit=time_limit,
         partition=partition,
         cpus_per_gpu=cpus_per_gpu,
+        max_per_gpu_batch=max_per_gpu_batch,
+        pool=pool or None,
+        app=app,
     )
     try:
         result = submit_job(req, SlurmCLI(), dry_run=dry_run)
@@ -96,8 +117,52 @@ def submit(
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--me", is_flag=True, help="Only my jobs.")
-def status(as_json: bool, me: bool) -> None:
+@click.option("--watch", type=click.FloatRange(min=0.5), help="Refresh every N seconds.")
+@click.option(
+    "--state-dir",
+    envvar="HPCORCH_CONTROLLER_DIR",
+    help="The controller's state directory, for its view of the jobs.",
+)
+def status(as_json: bool, me: bool, watch: float | None, state_dir: str | None) -> None:
     """Show the pool and hpcorch's jobs."""
+    while True:
+        text = _status_text(as_json, me, state_dir)
+        if watch is None:
+            click.echo(text)
+            return
+        click.clear()
+        click.echo(f"every {watch:g} s: hpcorch status    {time.strftime('%H:%M:%S')}\n")
+        click.echo(text)
+        time.sleep(watch)
+
+
+def _managed(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | None]:
+    """The controller's view of its jobs, and its pool's nodes, when its state is readable."""
+    path = controller_dir(state_dir) / STATE_DB
+    if not path.exists():
+        return {}, None
+    try:
+        store = Store(path, readonly=True)
+        found = {
+            r.slurm_id: Managed(
+                r.phase,
+                r.reason,
+                r.global_batch or r.target_batch,
+                r.micro_batch,
+                r.accum_steps,
+                r.samples_per_s,
+                r.launches,
+            )
+            for r in store.jobs()
+        }
+        pool = [n["name"] for n in json.loads(store.get_meta("pool") or "[]")]
+        store.close()
+    except (HpcorchError, OSError, ValueError):
+        return {}, None
+    return found, pool or None
+
+
+def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
     backend = SlurmCLI()
     try:
         jobs = backend.jobs()
@@ -105,12 +170,14 @@ def status(as_json: bool, me: bool) -> None:
         _, default = backend.partitions()
     except HpcorchError as exc:
         raise _fail(exc) from exc
-    rows = job_rows(jobs, int(time.time()), user=getpass.getuser() if me else None)
-    pool = pool_rows(nodes, default)
+    managed, pool_nodes = _managed(state_dir)
+    rows = job_rows(jobs, int(time.time()), getpass.getuser() if me else None, managed)
+    if pool_nodes:
+        nodes = [n for n in nodes if n.name in pool_nodes]
+    pool = pool_rows(nodes, None if pool_nodes else default)
     if as_json:
-        click.echo(json.dumps(status_document(pool, rows), indent=2))
-    else:
-        click.echo(render_status(pool, rows))
+        return json.dumps(status_document(pool, rows), indent=2)
+    return render_status(pool, rows)
 
 
 @click.command()

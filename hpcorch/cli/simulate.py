@@ -2,10 +2,135 @@
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import click
 
+from hpcorch.policy import POLICIES, make_policy
+from hpcorch.sim import loop
+from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.loop import SimConfig, SimResult
+from hpcorch.sim.report import RESULT_HEADERS, result_row, table
+from hpcorch.sim.traces import TraceError, load_apps
+from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
 
-@click.command()
-def simulate() -> None:
-    """Simulate scheduling policies on workload traces."""
-    raise click.UsageError("not implemented yet")
+
+def _policies(value: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise click.BadParameter("no policy given", param_hint="--policy")
+    for name in names:
+        if name not in POLICIES:
+            raise click.BadParameter(
+                f"unknown policy {name!r} (valid: {', '.join(sorted(POLICIES))})",
+                param_hint="--policy",
+            )
+    return names
+
+
+@click.command(name="simulate")
+@click.argument(
+    "workloads",
+    nargs=-1,
+    required=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+)
+@click.option(
+    "--policy",
+    "policy",
+    default="ones",
+    show_default=True,
+    help=f"Policies to compare, comma-separated ({', '.join(sorted(POLICIES))}).",
+)
+@click.option("--nodes", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--round",
+    "round_s",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Seconds between scheduling rounds.",
+)
+@click.option(
+    "--restart-cost",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.0),
+    help="Seconds without progress after a job's GPUs or placement change.",
+)
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the policies.")
+@click.option(
+    "--data",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="Trace data directory [default: $HPCORCH_POLLUX_DATA or ../shared/data/pollux].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
+)
+def simulate(
+    workloads: tuple[Path, ...],
+    policy: str,
+    nodes: int,
+    gpus_per_node: int,
+    round_s: float,
+    restart_cost: float,
+    seed: int,
+    data: Path | None,
+    as_json: bool,
+    plot: Path | None,
+) -> None:
+    """Simulate scheduling policies on workload CSV files (name,time,application,...)."""
+    names = _policies(policy)
+    try:
+        apps = load_apps(data)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    loaded: list[tuple[str, list[WorkloadJob]]] = []
+    for path in workloads:
+        try:
+            loaded.append((path.stem, load_workload(path, apps)))
+        except WorkloadError as exc:
+            raise click.ClickException(str(exc)) from None
+    config = SimConfig(nodes, gpus_per_node, round_s, restart_cost)
+    total = sum(len(jobs) for _, jobs in loaded) * len(names)
+    results: list[tuple[str, SimResult]] = []
+    with click.progressbar(length=total, label="simulating", file=sys.stderr, show_pos=True) as bar:
+        for stem, jobs in loaded:
+            for name in names:
+                seen = [0]
+
+                def tick(cluster: SimCluster, seen: list[int] = seen) -> None:
+                    done = sum(1 for j in cluster.jobs if j.done)
+                    if done > seen[0]:
+                        bar.update(done - seen[0])
+                        seen[0] = done
+
+                bar.label = f"{stem} {name}"
+                run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                results.append((stem, run))
+    if as_json:
+        doc = {
+            "results": [
+                {"workload": stem, "policy": r.policy, **r.summary()} for stem, r in results
+            ]
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(table(RESULT_HEADERS, [result_row(stem, r) for stem, r in results]))
+    if plot is not None:
+        from hpcorch.sim.report import plot as draw
+
+        try:
+            draw(results, plot)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write plot {plot}: {exc.strerror}") from None
+        if not as_json:
+            click.echo(f"plot written to {plot}")

@@ -1,1 +1,50 @@
 """Pure scheduling policies: a snapshot of jobs and the pool in, a plan out (numpy only)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpcorch.policy.aiturbo import AiturboPolicy
+from hpcorch.policy.fifo import FifoPolicy
+from hpcorch.policy.ones import OnesPolicy
+from hpcorch.policy.sidecar import SidecarPolicy
+from hpcorch.policy.tiresias import TiresiasPolicy
+from hpcorch.policy.types import (
+    CompletedJob,
+    JobPlan,
+    JobView,
+    Plan,
+    PlanError,
+    Policy,
+    Snapshot,
+    StepSample,
+    validate_plan,
+)
+
+POLICIES: dict[str, Callable[[int], Policy]] = {
+    "fifo": lambda seed: FifoPolicy(),
+    "tiresias": lambda seed: TiresiasPolicy(),
+    "ones": lambda seed: OnesPolicy(seed=seed),
+    "aiturbo": lambda seed: AiturboPolicy(),
+    "sidecar": lambda seed: SidecarPolicy(),
+}
+
+
+def make_policy(name: str, seed: int = 0) -> Policy:
+    """A fresh policy object by name (one of ``POLICIES``)."""
+    return POLICIES[name](seed)
+
+
+__all__ = [
+    "POLICIES",
+    "CompletedJob",
+    "JobPlan",
+    "JobView",
+    "Plan",
+    "PlanError",
+    "Policy",
+    "Snapshot",
+    "StepSample",
+    "make_policy",
+    "validate_plan",
+]

@@ -271,7 +271,7 @@ class ElasticJob:
             else:  # a rank that did not exist: fresh but deterministic streams
                 ckpt.seed_all(self.seed * 1_000_003 + self.global_step * 1009 + self.rank)
             self._resumed_rng = True
-        self._event_start(n)
+        self._event_start(n, epochs)
         t_last = time.perf_counter()
         while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
             layouts = list(sampler.steps(self.epoch, self.offset, self.batch, self.rank))
@@ -457,10 +457,12 @@ class ElasticJob:
             os._exit(code)
         raise SystemExit(code)
 
-    def _event_start(self, dataset_size: int) -> None:
+    def _event_start(self, dataset_size: int, epochs: int) -> None:
         self._dataset_size = dataset_size
         self.metrics.event(
             "start",
+            dataset_size=dataset_size,
+            epochs=epochs,
             step=self.global_step,
             epoch=self.epoch,
             offset=self.offset,

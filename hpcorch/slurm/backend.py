@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ class SlurmBackend(Protocol):
     def nodes(self) -> list[SlurmNode]: ...
     def partitions(self) -> tuple[list[str], str | None]: ...
     def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None: ...
+    def reservations(self) -> dict[str, list[str]]: ...
 
 
 class SlurmCLI:
@@ -58,7 +60,11 @@ class SlurmCLI:
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
         if proc.returncode != 0:
-            msg = _first_error_line(proc.stderr) or f"exit code {proc.returncode}"
+            msg = (
+                _first_error_line(proc.stderr)
+                or _first_error_line(proc.stdout)
+                or f"exit code {proc.returncode}"
+            )
             if _unreachable(proc.stderr):
                 raise SlurmUnavailable(f"Slurm is not reachable ({argv[0]}: {msg})")
             raise SlurmCommandError(f"{argv[0]} failed: {msg}")
@@ -92,6 +98,18 @@ class SlurmCLI:
         default = next((p.rstrip("*") for p in raw if p.endswith("*")), None)
         return sorted(p.rstrip("*") for p in raw), default
 
+    def reservations(self) -> dict[str, list[str]]:
+        """Reservation name -> its node names."""
+        out = self.run(["scontrol", "show", "reservation", "-o"])
+        found: dict[str, list[str]] = {}
+        for line in out.splitlines():
+            fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+            name = fields.get("ReservationName")
+            if name:
+                nodes = fields.get("Nodes", "")
+                found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
+        return found
+
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
         out = self.run(["scontrol", "ping"])
@@ -117,6 +135,22 @@ class SlurmCLI:
 
     def scontrol(self, *args: str) -> str:
         return self.run(["scontrol", *args])
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """n[1-3],gpu-[01-02] -> n1 n2 n3 gpu-01 gpu-02 (the forms Slurm prints)."""
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodelist):
+        m = re.fullmatch(r"(.*)\[(.*)\]", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            for i in range(int(lo), int(hi or lo) + 1):
+                out.append(f"{prefix}{i:0{len(lo)}d}")
+    return out
 
 
 def _first_error_line(stderr: str) -> str:

@@ -47,7 +47,7 @@ class JobSpec:
     max_gpus: int
     job_dir: str
     wrapper: str
-    cpus_per_task: int = 1
+    cpus_per_gpu: int = 1
     global_batch: int | None = None
     max_global_batch: int | None = None
     max_per_gpu_batch: int | None = None
@@ -56,6 +56,10 @@ class JobSpec:
     time_limit: str | None = None
     python: str | None = None
     signal_lead_s: int = 120
+    app: str | None = None
+    """Application name: jobs of one application share a throughput model."""
+    managed: bool = False
+    """Submitted into a controller's pool: held until the controller starts it."""
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     @property
@@ -69,6 +73,10 @@ class JobSpec:
             parts.append(f"batch={self.global_batch}")
         if self.max_global_batch:
             parts.append(f"maxbatch={self.max_global_batch}")
+        if self.max_per_gpu_batch:
+            parts.append(f"micro={self.max_per_gpu_batch}")
+        if self.managed:
+            parts += [f"app={self.app or self.name}", f"dir={self.job_dir}"]
         return f"{JOB_COMMENT_TAG}:" + ",".join(parts)
 
 
@@ -114,6 +122,8 @@ def check_sbatch_path(path: str, what: str) -> str:
 def render_batch_script(spec: JobSpec) -> str:
     """The batch script for ``spec``: deterministic, so it can be golden-file tested."""
     check_name(spec.name)
+    if spec.app:
+        check_name(spec.app)
     check_sbatch_path(spec.job_dir, "job directory")
     if spec.nodes < 1 or spec.gpus_per_node < 1:
         raise SpecError(
@@ -122,9 +132,9 @@ def render_batch_script(spec: JobSpec) -> str:
     sb: list[str] = [
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes}",
-        f"--ntasks-per-node={spec.gpus_per_node}",
         f"--gres=gpu:{spec.gpus_per_node}",
-        f"--cpus-per-task={spec.cpus_per_task}",
+        # per GPU, not per task: CPUs follow the GPU count when a job is reshaped
+        f"--cpus-per-gpu={spec.cpus_per_gpu}",
     ]
     if spec.partition:
         sb.append(f"--partition={check_sbatch_path(spec.partition, 'partition')}")
@@ -132,6 +142,8 @@ def render_batch_script(spec: JobSpec) -> str:
         sb.append(f"--reservation={check_sbatch_path(spec.reservation, 'reservation')}")
     if spec.time_limit:
         sb.append(f"--time={check_time(spec.time_limit)}")
+    if spec.managed:
+        sb.append("--hold")
     sb += [
         f"--output={spec.job_dir}/slurm-%j.out",
         "--open-mode=append",
@@ -149,6 +161,8 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append((ENV_MAX_PER_GPU_BATCH, str(spec.max_per_gpu_batch)))
     if spec.python:
         env.append(("HPCORCH_PYTHON", spec.python))
+    if spec.managed:
+        env.append(("HPCORCH_CONTROLLED", "1"))
     env += list(spec.extra_env)
     lines = [
         "#!/bin/bash",

@@ -1,0 +1,306 @@
+"""``hpcorch controller``, ``describe``, ``resize`` and ``metrics``."""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import os
+import signal
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+
+from hpcorch.controller.loop import Controller, LoopConfig
+from hpcorch.controller.prom import render_metrics
+from hpcorch.controller.reconcile import Settings
+from hpcorch.controller.store import Store
+from hpcorch.errors import HpcorchError
+from hpcorch.paths import state_dir
+from hpcorch.policy import POLICIES, make_policy
+from hpcorch.protocol import JOB_COMMENT_TAG
+from hpcorch.slurm.backend import SlurmCLI
+from hpcorch.slurm.cluster import SlurmCluster
+from hpcorch.slurm.script import parse_comment
+from hpcorch.status import fmt_duration, render_table
+
+STATE_DB = "state.db"
+
+
+def controller_dir(given: str | None) -> Path:
+    if given:
+        return Path(given).expanduser().resolve()
+    env = os.environ.get("HPCORCH_CONTROLLER_DIR")
+    return Path(env).expanduser().resolve() if env else state_dir() / "controller"
+
+
+state_dir_option = click.option(
+    "--state-dir",
+    envvar="HPCORCH_CONTROLLER_DIR",
+    help="Controller state directory [default: $HPCORCH_HOME/controller].",
+)
+
+
+@contextmanager
+def _lock(directory: Path) -> Iterator[None]:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+    path = directory / "controller.lock"
+    fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        pid = fh.read().strip() or "?"
+        fh.close()
+        raise click.ClickException(
+            f"another controller already runs on {directory} (pid {pid})"
+        ) from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    try:
+        yield
+    finally:
+        fh.close()
+
+
+@click.command()
+@click.option(
+    "--reservation",
+    default="hpcorch",
+    show_default=True,
+    help="The Slurm reservation that is the pool (created if missing).",
+)
+@click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
+@click.option("--users", help="Users of a new reservation [default: you].")
+@click.option("--partition", help="Partition of a new reservation.")
+@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="ones", show_default=True)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=10.0,
+    show_default=True,
+    help="Seconds between cycles.",
+)
+@click.option(
+    "--round",
+    "round_s",
+    type=click.FloatRange(min=0.1),
+    default=60.0,
+    show_default=True,
+    help="Seconds between scheduling rounds.",
+)
+@click.option("--restart-cost", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds a job has to checkpoint before it is requeued by force.",
+)
+@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--min-run",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds a launch runs before it may be resized.",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--once", is_flag=True, help="Run one cycle and exit.")
+@state_dir_option
+def controller(
+    reservation: str,
+    nodes: str | None,
+    users: str | None,
+    partition: str | None,
+    policy: str,
+    interval: float,
+    round_s: float,
+    restart_cost: float,
+    grace: float,
+    max_retries: int,
+    min_run: float,
+    seed: int,
+    once: bool,
+    state_dir: str | None,
+) -> None:
+    """Run the controller: hold the pool, schedule its jobs, until SIGTERM."""
+    directory = controller_dir(state_dir)
+    with _lock(directory):
+        try:
+            store = Store(directory / STATE_DB)
+            cluster = SlurmCluster(reservation)
+            if nodes is None:
+                part = partition or SlurmCLI().partitions()[1]
+                nodes = ",".join(
+                    n.name for n in cluster.backend.nodes() if part in n.partitions and n.gpus
+                )
+            done = cluster.ensure_reservation(nodes, users or getpass.getuser(), partition)
+        except HpcorchError as exc:
+            raise click.ClickException(str(exc)) from exc
+        store.set_meta("reservation", reservation)
+        pool = cluster.reservation_nodes()
+        click.echo(
+            f"hpcorch-controller: {done} reservation '{reservation}' ({len(pool)} nodes); "
+            f"policy {policy}; state in {directory}",
+            err=True,
+        )
+        config = LoopConfig(
+            interval_s=interval,
+            round_s=round_s,
+            restart_cost_s=restart_cost,
+            settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),
+        )
+        loop = Controller(cluster, store, make_policy(policy, seed), config)
+        stop = threading.Event()
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            click.echo(f"hpcorch-controller: {signal.Signals(signum).name}: stopping", err=True)
+            stop.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        if once:
+            loop.cycle()
+        else:
+            loop.run(stop.is_set, stop.wait)
+        store.close()
+
+
+def _open_store(state_dir: str | None) -> Store:
+    try:
+        return Store(controller_dir(state_dir) / STATE_DB, readonly=True)
+    except HpcorchError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@click.command()
+@click.argument("job_id", type=click.IntRange(min=1))
+@state_dir_option
+def describe(job_id: int, state_dir: str | None) -> None:
+    """One job's plans, resizes and throughput by GPU count."""
+    store = _open_store(state_dir)
+    rec = store.job(job_id)
+    if rec is None:
+        raise click.ClickException(f"job {job_id} is not known to the controller")
+    click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
+    click.echo(
+        f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
+        f"{rec.global_batch or rec.batch} = {rec.micro_batch or '?'} x {rec.accum_steps} x "
+        f"{rec.gpus or '?'}, launches {rec.launches}, resizes {rec.resizes}, "
+        f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
+    )
+    click.echo(f"  directory {rec.job_dir or '?'}")
+    rows = []
+    for d in store.decisions(job_id):
+        took = f"{d.done_at - d.time:.2f}s" if d.done_at else "-"
+        rows.append(
+            [
+                _clock(d.time),
+                d.action,
+                f"{d.from_gpus}->{d.to_gpus}",
+                str(d.global_batch),
+                d.status,
+                took,
+                d.detail,
+            ]
+        )
+    click.echo("\ndecisions")
+    click.echo(
+        render_table(["TIME", "ACTION", "GPUS", "BATCH", "STATUS", "TOOK", "DETAIL"], rows)
+        if rows
+        else "  none"
+    )
+    by_gpus: dict[int, list[float]] = defaultdict(list)
+    for s in store.samples(job_id):
+        if s.samples_per_s > 0:
+            by_gpus[s.gpus].append(s.samples_per_s)
+    click.echo("\nthroughput by GPU count")
+    click.echo(
+        render_table(
+            ["GPUS", "SAMPLES/S", "REPORTS"],
+            [[str(g), f"{np.median(v):.1f}", str(len(v))] for g, v in sorted(by_gpus.items())],
+        )
+        if by_gpus
+        else "  no reports yet"
+    )
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+@click.command()
+@click.argument("job_id", type=click.IntRange(min=1))
+@click.option("--gpus", type=click.IntRange(min=1), help="Pin the job to this many GPUs.")
+@click.option("--auto", is_flag=True, help="Remove a pin: the policy decides again.")
+def resize(job_id: int, gpus: int | None, auto: bool) -> None:
+    """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
+    if (gpus is None) == (not auto):
+        raise click.UsageError("give either --gpus N or --auto")
+    backend = SlurmCLI()
+    try:
+        job = next((j for j in backend.jobs() if j.job_id == job_id), None)
+        if job is None:
+            raise HpcorchError(f"no job {job_id} in Slurm")
+        fields = parse_comment(job.comment)
+        if fields is None:
+            raise HpcorchError(f"job {job_id} was not submitted by hpcorch")
+        fields.pop("pin", None)
+        if gpus is not None:
+            fields["pin"] = str(gpus)
+        comment = f"{JOB_COMMENT_TAG}:" + ",".join(f"{k}={v}" for k, v in fields.items())
+        backend.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+    except HpcorchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    what = f"pinned to {gpus} GPUs" if gpus else "unpinned"
+    click.echo(f"job {job_id} {what}; the controller applies it at its next round")
+
+
+@click.command()
+@click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
+@click.option("--address", default="127.0.0.1", show_default=True)
+@state_dir_option
+def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
+    """Prometheus metrics: print once, or serve them with --listen PORT."""
+    path = controller_dir(state_dir) / STATE_DB
+    if listen is None:
+        store = _open_store(state_dir)
+        click.echo(render_metrics(store), nl=False)
+        return
+    _open_store(state_dir).close()  # fail now, clearly, if there is no state
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path not in ("/metrics", "/"):
+                self.send_error(404)
+                return
+            store = Store(path, readonly=True)
+            try:
+                body = render_metrics(store).encode()
+            finally:
+                store.close()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer((address, listen), Handler)
+    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        server.server_close()

@@ -1,0 +1,107 @@
+"""The cluster seam: what the controller observes and the actions it takes.
+
+Two sides implement :class:`Cluster`: the Slurm side (hpcorch/slurm/cluster.py), which
+runs the actions through Slurm's commands, and the simulated side, which runs them on a
+simulated clock. The controller is written against this protocol only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hpcorch.planner import LaunchPlan
+
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "PREEMPTED",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PoolNode:
+    name: str
+    gpus: int
+    gpus_used: int
+    usable: bool
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    """One of the pool's jobs as the cluster reports it."""
+
+    slurm_id: int
+    name: str
+    user: str
+    state: str
+    held: bool
+    reason: str
+    node_names: tuple[str, ...]
+    gpus_per_node: int
+    restarts: int
+    exit_code: int
+    submit_time: float
+    start_time: float
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
+
+    @property
+    def gpus(self) -> int:
+        return len(self.node_names) * self.gpus_per_node
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+
+@dataclass(frozen=True)
+class Observation:
+    time: float
+    nodes: tuple[PoolNode, ...]
+    jobs: tuple[ObservedJob, ...]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Where a launch runs: ``nodes`` x ``gpus_per_node``, on ``node_names`` if given."""
+
+    nodes: int
+    gpus_per_node: int
+    node_names: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+class Cluster(Protocol):
+    """The controller's only way to see and change the world."""
+
+    @property
+    def calls(self) -> int:
+        """Commands sent to the scheduler so far (Slurm calls on the Slurm side)."""
+
+    def now(self) -> float: ...
+    def observe(self) -> Observation: ...
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        """Give a held (or pending) job its shape and let it run."""
+
+    def hold(self, slurm_id: int) -> None: ...
+    def signal_checkpoint(self, slurm_id: int) -> None: ...
+    def requeue_hold(self, slurm_id: int) -> None:
+        """Put a job that ended (or is running: it is killed) back in the queue, held."""
+
+    def cancel(self, slurm_id: int) -> None: ...
+    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None: ...
+    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+        """New metric lines of a job since ``offset``, and the offset to continue from."""

@@ -1,0 +1,338 @@
+"""The controller: a reconcile loop over the cluster seam with durable state.
+
+Each cycle: observe the pool (two Slurm calls on the Slurm side), move every job's state
+machine along, read what the jobs reported, ask the policy for a plan when it is time,
+write the intended actions to the store, then carry them out. The store is written before
+anything is done, so a controller killed at any point picks up from the store and what
+Slurm reports (hpcorch/controller/reconcile.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcorch.cluster import Cluster, Observation, ObservedJob
+from hpcorch.controller import reconcile
+from hpcorch.controller.reconcile import Action, Settings
+from hpcorch.controller.snapshot import build_snapshot, completed
+from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
+from hpcorch.errors import HpcorchError
+from hpcorch.planner import LaunchPlan
+from hpcorch.policy.types import CompletedJob, Plan, PlanError, Policy, validate_plan
+
+ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    interval_s: float = 10.0
+    """Seconds between cycles."""
+    round_s: float = 60.0
+    """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
+    restart_cost_s: float = 30.0
+    """What the policy assumes a resize costs a job."""
+    max_starts_per_cycle: int = 64
+    settings: Settings = field(default_factory=Settings)
+
+
+def _log(msg: str) -> None:
+    print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
+
+
+def _int(tags: dict[str, str], key: str, default: int) -> int:
+    value = tags.get(key, "")
+    return int(value) if value.isdigit() else default
+
+
+class Controller:
+    def __init__(
+        self,
+        cluster: Cluster,
+        store: Store,
+        policy: Policy,
+        config: LoopConfig | None = None,
+        log: Callable[[str], None] = _log,
+    ) -> None:
+        self.cluster = cluster
+        self.store = store
+        self.policy = policy
+        self.config = config or LoopConfig()
+        self.log = log
+        self.last_round = -1e18
+        self.last_time: float | None = None
+        self.last_decision_s = 0.0
+        self.history: list[CompletedJob] = []
+        self._history_ids: set[int] = set()
+        for d in store.decisions(status="pending"):
+            store.finish_decision(d.id, "interrupted")
+
+    # --- one cycle ----------------------------------------------------------------------
+    def cycle(self) -> CycleStats:
+        t0 = time.perf_counter()
+        calls0 = self.cluster.calls
+        obs = self.cluster.observe()
+        now = obs.time
+        pool_nodes = tuple(n.name for n in obs.nodes)
+        observed = {j.slurm_id: j for j in obs.jobs}
+        changed = self._adopt_new(obs, now)
+        records = self.store.jobs(active_only=True)
+        pending: list[tuple[JobRecord, Action]] = []
+        for rec in records:
+            out = reconcile.observe(
+                rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings
+            )
+            pending += [(rec, a) for a in out.actions]
+            changed |= bool(out.events) and not rec.active
+            self._events(rec, out.events)
+        self._account(records, now)
+        samples = self._read_metrics(records)
+        decision_s = 0.0
+        if changed or now - self.last_round >= self.config.round_s:
+            decision_s, acts = self._schedule(obs, records, samples, now)
+            pending += acts
+            self.last_round = now
+        with self.store.transaction():
+            for rec in records:
+                self.store.put_job(rec)
+            intents = [
+                (rec, a, self._intent(rec, a))
+                for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
+            ]
+        starts = 0
+        for rec, action, decision_id in intents:
+            if action.kind == "start":
+                starts += 1
+                if starts > self.config.max_starts_per_cycle:
+                    self.store.finish_decision(decision_id, "deferred")
+                    continue
+            self._execute(rec, action, decision_id)
+        stats = CycleStats(
+            time=now,
+            seconds=time.perf_counter() - t0,
+            decision_s=decision_s,
+            slurm_calls=self.cluster.calls - calls0,
+            jobs=len(records),
+            actions=len(intents),
+        )
+        self.store.add_cycle(stats)
+        pool = [
+            {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
+            for n in obs.nodes
+        ]
+        self.store.set_meta("pool", json.dumps(pool))
+        return stats
+
+    # --- adoption of new jobs -----------------------------------------------------------
+    def _adopt_new(self, obs: Observation, now: float) -> bool:
+        new = [j for j in obs.jobs if self.store.job(j.slurm_id) is None]
+        with self.store.transaction():
+            for j in new:
+                rec = self._record(j, now)
+                self.store.put_job(rec)
+                self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
+        return bool(new)
+
+    def _record(self, j: ObservedJob, now: float) -> JobRecord:
+        t = dict(j.tags)
+        min_gpus = _int(t, "min", max(1, j.gpus))
+        batch = _int(t, "batch", 0) or 32 * min_gpus
+        if j.state == "PENDING":
+            phase = "queued" if j.held else "starting"
+        elif j.ended:
+            phase = "done" if j.state == "COMPLETED" and j.exit_code == 0 else "failed"
+        else:
+            phase = "running"
+        rec = JobRecord(
+            slurm_id=j.slurm_id,
+            job_key=t.get("id", str(j.slurm_id)),
+            name=j.name,
+            user=j.user,
+            job_dir=t.get("dir", ""),
+            app=t.get("app", j.name),
+            min_gpus=min_gpus,
+            max_gpus=max(min_gpus, _int(t, "max", min_gpus)),
+            batch=batch,
+            max_batch=max(batch, _int(t, "maxbatch", batch)),
+            max_micro=_int(t, "micro", 0) or max(1, batch // min_gpus),
+            submit_time=j.submit_time or now,
+            phase=phase,
+            phase_since=now,
+            target_gpus=j.gpus if phase in ("running", "starting") else 0,
+            reason="adopted" if phase != "queued" else "waiting for GPUs",
+        )
+        if phase == "starting" and not rec.target_gpus:
+            rec.target_gpus = rec.min_gpus
+        return rec
+
+    # --- bookkeeping --------------------------------------------------------------------
+    def _events(self, rec: JobRecord, events: Sequence[str]) -> None:
+        for e in events:
+            self.log(f"job {rec.slurm_id} {e}")
+
+    def _account(self, records: Sequence[JobRecord], now: float) -> None:
+        if self.last_time is not None:
+            dt = max(0.0, now - self.last_time)
+            for rec in records:
+                if rec.phase in ("running", "stopping"):
+                    rec.gpu_seconds += rec.gpus * dt
+        self.last_time = now
+
+    def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:
+        new: list[Sample] = []
+        for rec in records:
+            if rec.phase not in ("running", "stopping") or not rec.job_dir:
+                continue
+            lines, rec.metrics_offset = self.cluster.read_metrics(rec.job_dir, rec.metrics_offset)
+            for line in lines:
+                sample = self._digest(rec, line)
+                if sample is not None:
+                    new.append(sample)
+        if new:
+            with self.store.transaction():
+                self.store.add_samples(new)
+        return {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
+
+    def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
+        event = line.get("event")
+        if event == "start":
+            epochs, size = line.get("epochs"), line.get("dataset_size")
+            if isinstance(epochs, int) and epochs > 0:
+                rec.epochs = epochs
+            if isinstance(size, int) and size > 0:
+                rec.steps_per_epoch = size / max(1, rec.batch)
+            return None
+        if event != "steps":
+            return None
+        try:
+            step_time = float(line["step_time"])
+            gpus = int(line.get("gpus") or rec.gpus)
+            batch = int(line.get("global_batch") or rec.global_batch or rec.batch)
+            rec.epoch = int(line.get("epoch", rec.epoch))
+            step = int(line.get("step", 0))
+        except (KeyError, TypeError, ValueError):
+            return None
+        rec.global_batch = batch
+        rec.micro_batch = int(line.get("per_gpu_batch") or 0)
+        rec.accum_steps = int(line.get("accum_steps") or 1)
+        rec.samples_per_s = float(line.get("samples_per_s") or 0.0)
+        rec.progress = max(rec.progress, step * batch / max(1, rec.batch))
+        noise = line.get("noise_scale")
+        return Sample(
+            slurm_id=rec.slurm_id,
+            time=float(line.get("time", 0.0)),
+            gpus=gpus,
+            nodes=max(1, rec.nodes),
+            micro_batch=rec.micro_batch,
+            accum_steps=rec.accum_steps,
+            global_batch=batch,
+            step_time=step_time,
+            samples_per_s=rec.samples_per_s,
+            loss=float(line["loss"]) if isinstance(line.get("loss"), int | float) else None,
+            noise_scale=float(noise) if isinstance(noise, int | float) else None,
+            step=step,
+        )
+
+    # --- scheduling ---------------------------------------------------------------------
+    def _schedule(
+        self,
+        obs: Observation,
+        records: Sequence[JobRecord],
+        samples: dict[int, list[Sample]],
+        now: float,
+    ) -> tuple[float, list[tuple[JobRecord, Action]]]:
+        for rec in self.store.jobs():
+            if not rec.active and rec.slurm_id not in self._history_ids and rec.phase == "done":
+                self.history.append(completed(rec, self.store.samples(rec.slurm_id)))
+                self._history_ids.add(rec.slurm_id)
+        tags = {j.slurm_id: j.tags for j in obs.jobs}
+        pins = {sid: int(t["pin"]) for sid, t in tags.items() if t.get("pin", "").isdigit()}
+        active = [r for r in records if r.active]
+        snapshot = build_snapshot(
+            now,
+            obs.nodes,
+            active,
+            samples,
+            self.history,
+            pins,
+            self.config.round_s,
+            self.config.restart_cost_s,
+        )
+        t0 = time.perf_counter()
+        try:
+            plan = self.policy.schedule(snapshot)
+            validate_plan(snapshot, plan)
+        except PlanError as exc:
+            self.log(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
+            plan = Plan()
+        decision_s = time.perf_counter() - t0
+        self.last_decision_s = decision_s
+        targets = plan.by_id()
+        pool_nodes = tuple(n.name for n in obs.nodes)
+        acts: list[tuple[JobRecord, Action]] = []
+        for rec in active:
+            if rec.phase not in ("queued", "running"):
+                continue
+            jp = targets.get(str(rec.slurm_id))
+            gpus = jp.gpus if jp else 0
+            if jp is not None:
+                rec.target_batch = jp.global_batch
+            out = reconcile.decide(
+                rec, gpus, dict(jp.placement) if jp else {}, now, pool_nodes, self.config.settings
+            )
+            acts += [(rec, a) for a in out.actions]
+            self._events(rec, out.events)
+        return decision_s, acts
+
+    # --- carrying out ---------------------------------------------------------------------
+    def _intent(self, rec: JobRecord, a: Action) -> int:
+        to = a.shape.gpus if a.shape else rec.target_gpus
+        return self.store.add_decision(
+            rec.slurm_id, a.kind, rec.gpus, to, rec.target_batch or rec.batch, a.reason
+        )
+
+    def _execute(self, rec: JobRecord, a: Action, decision_id: int) -> None:
+        try:
+            if a.kind == "start":
+                assert a.shape is not None
+                if rec.job_dir:
+                    self.cluster.write_plan(
+                        rec.job_dir,
+                        LaunchPlan(
+                            global_batch=max(rec.target_batch or rec.batch, a.shape.gpus),
+                            gpus=a.shape.gpus,
+                            max_micro_batch=max(1, rec.max_micro),
+                            job=rec.job_key,
+                            launch=rec.launches,
+                        ),
+                    )
+                self.cluster.start(rec.slurm_id, a.shape)
+            elif a.kind == "signal":
+                self.cluster.signal_checkpoint(rec.slurm_id)
+            elif a.kind == "hold":
+                self.cluster.hold(rec.slurm_id)
+            elif a.kind == "requeue_hold":
+                self.cluster.requeue_hold(rec.slurm_id)
+            self.store.finish_decision(decision_id)
+        except (HpcorchError, OSError) as exc:
+            self.store.finish_decision(decision_id, f"error: {exc}")
+            self.log(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
+
+    # --- running ------------------------------------------------------------------------
+    def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
+        backoff = self.config.interval_s
+        while not should_stop():
+            t0 = time.monotonic()
+            try:
+                self.cycle()
+                backoff = self.config.interval_s
+            except HpcorchError as exc:
+                self.log(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
+                sleep(backoff)
+                backoff = min(backoff * 2, 300.0)
+                continue
+            sleep(max(0.0, self.config.interval_s - (time.monotonic() - t0)))

@@ -1,0 +1,137 @@
+"""From what the controller knows to what a policy sees. Pure.
+
+Only what jobs report reaches the policy: step times at the configurations they ran,
+epoch progress and the gradient noise scale, their bounds, and the history of finished
+jobs. Jobs in the middle of a transition (starting, stopping) are shown holding the GPUs
+they are moving to or from, so the policy does not hand those GPUs out twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hpcorch.cluster import PoolNode
+from hpcorch.controller.store import JobRecord, Sample
+from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
+
+
+def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
+    """Median seconds per micro-step at each (nodes, GPUs, micro-batch) a job ran."""
+    groups: dict[tuple[int, int, int], list[float]] = defaultdict(list)
+    for s in samples:
+        if s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
+            groups[(s.nodes, s.gpus, s.micro_batch)].append(s.step_time / max(1, s.accum_steps))
+    return tuple(
+        StepSample(nodes=n, gpus=g, micro_batch=m, step_time=float(np.median(t)), sync_time=0.0)
+        for (n, g, m), t in sorted(groups.items())
+    )
+
+
+def noise_stats(samples: Sequence[Sample], init_batch: int) -> tuple[float, float] | None:
+    """(grad_sqr, grad_var) with grad_var / grad_sqr * init_batch = the noise scale."""
+    values = [s.noise_scale for s in samples[-20:] if s.noise_scale and s.noise_scale > 0]
+    if not values:
+        return None
+    return 1.0, float(np.median(values)) / max(1, init_batch)
+
+
+def placement_of(rec: JobRecord, pool_index: Mapping[str, int]) -> dict[int, int]:
+    names = [n for n in rec.node_list.split(",") if n]
+    if not names or not rec.gpus:
+        return {}
+    per = rec.gpus // len(names)
+    return {pool_index[n]: per for n in names if n in pool_index}
+
+
+def job_view(
+    rec: JobRecord,
+    samples: Sequence[Sample],
+    pool_index: Mapping[str, int],
+    pool_gpus: int,
+    pin: int | None = None,
+) -> JobView:
+    lo, hi = min(rec.min_gpus, pool_gpus), min(rec.max_gpus, pool_gpus)
+    if pin is not None:
+        lo = hi = max(1, min(pin, pool_gpus))
+    if rec.phase in ("starting",):
+        gpus, placement = rec.target_gpus, rec.placement()
+    elif rec.phase in ("running", "stopping"):
+        gpus, placement = rec.gpus, placement_of(rec, pool_index)
+    else:
+        gpus, placement = 0, {}
+    if sum(placement.values()) != gpus:
+        gpus, placement = 0, {}
+    stats = noise_stats(samples, rec.batch)
+    steps_per_epoch = rec.steps_per_epoch or 1.0
+    epochs = rec.epochs or rec.epoch + 1
+    return JobView(
+        job_id=str(rec.slurm_id),
+        application=rec.app,
+        submit_time=rec.submit_time,
+        requested_gpus=lo,
+        requested_batch=rec.batch,
+        min_gpus=lo,
+        max_gpus=max(hi, lo),
+        min_batch=rec.batch,
+        max_batch=max(rec.max_batch, rec.batch),
+        min_micro_batch=1,
+        max_micro_batch=max(1, rec.max_micro),
+        max_epochs=epochs,
+        progress_per_epoch_hint=steps_per_epoch,
+        gpus=gpus,
+        placement=placement,
+        batch=rec.global_batch or rec.batch,
+        micro_batch=rec.micro_batch,
+        accum_steps=max(1, rec.accum_steps),
+        epoch=rec.epoch,
+        progress=rec.progress,
+        grad_sqr=stats[0] if stats else None,
+        grad_var=stats[1] if stats else None,
+        attained_service=rec.gpu_seconds,
+        run_time=rec.run_seconds,
+        restarts=max(0, rec.launches - 1),
+        profile=profile_of(samples),
+    )
+
+
+def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
+    return CompletedJob(
+        job_id=str(rec.slurm_id),
+        application=rec.app,
+        jct=max(0.0, rec.finished_at - rec.submit_time),
+        gpu_seconds=rec.gpu_seconds,
+        progress=rec.progress,
+        epochs=rec.epochs or rec.epoch,
+        profile=profile_of(samples),
+    )
+
+
+def build_snapshot(
+    now: float,
+    nodes: Sequence[PoolNode],
+    records: Sequence[JobRecord],
+    samples: Mapping[int, Sequence[Sample]],
+    history: Sequence[CompletedJob],
+    pins: Mapping[int, int],
+    round_s: float,
+    restart_cost_s: float,
+) -> Snapshot:
+    pool_index = {n.name: i for i, n in enumerate(nodes)}
+    node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
+    total = sum(node_gpus)
+    views = tuple(
+        job_view(r, samples.get(r.slurm_id, ()), pool_index, total, pins.get(r.slurm_id))
+        for r in records
+        if r.active
+    )
+    return Snapshot(
+        now=now,
+        node_gpus=node_gpus,
+        jobs=views,
+        history=tuple(history),
+        round_s=round_s,
+        restart_cost_s=restart_cost_s,
+    )

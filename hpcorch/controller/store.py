@@ -1,0 +1,314 @@
+"""The controller's durable state: SQLite in WAL mode under the state directory.
+
+Tables: ``jobs`` (one row per hpcorch job, keyed by its Slurm job id), ``decisions`` (every
+action the controller took or meant to take, written before it acts: the intent log that
+makes restarts safe), ``samples`` (throughput and progress the jobs reported, which the
+models are fitted on) and ``cycles`` (per-cycle timings and Slurm call counts).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from hpcorch.errors import HpcorchError
+
+SCHEMA_VERSION = 1
+
+ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
+FINAL_PHASES = ("done", "failed", "cancelled", "lost")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs(
+    slurm_id INTEGER PRIMARY KEY,
+    job_key TEXT NOT NULL, name TEXT NOT NULL, user TEXT NOT NULL, job_dir TEXT NOT NULL,
+    app TEXT NOT NULL, min_gpus INTEGER NOT NULL, max_gpus INTEGER NOT NULL,
+    batch INTEGER NOT NULL, max_batch INTEGER NOT NULL, max_micro INTEGER NOT NULL,
+    submit_time REAL NOT NULL, phase TEXT NOT NULL, phase_since REAL NOT NULL,
+    gpus INTEGER NOT NULL DEFAULT 0, nodes INTEGER NOT NULL DEFAULT 0,
+    node_list TEXT NOT NULL DEFAULT '', target_gpus INTEGER NOT NULL DEFAULT 0,
+    target_placement TEXT NOT NULL DEFAULT '{}', global_batch INTEGER NOT NULL DEFAULT 0,
+    micro_batch INTEGER NOT NULL DEFAULT 0, accum_steps INTEGER NOT NULL DEFAULT 1,
+    launches INTEGER NOT NULL DEFAULT 0, resizes INTEGER NOT NULL DEFAULT 0,
+    failures INTEGER NOT NULL DEFAULT 0, started_at REAL NOT NULL DEFAULT 0,
+    finished_at REAL NOT NULL DEFAULT 0, gpu_seconds REAL NOT NULL DEFAULT 0,
+    run_seconds REAL NOT NULL DEFAULT 0, reason TEXT NOT NULL DEFAULT '',
+    metrics_offset INTEGER NOT NULL DEFAULT 0, progress REAL NOT NULL DEFAULT 0,
+    samples_per_s REAL NOT NULL DEFAULT 0, exit_code INTEGER NOT NULL DEFAULT 0,
+    signalled_at REAL NOT NULL DEFAULT 0, epoch INTEGER NOT NULL DEFAULT 0,
+    epochs INTEGER NOT NULL DEFAULT 0, steps_per_epoch REAL NOT NULL DEFAULT 0,
+    target_batch INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS decisions(
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, slurm_id INTEGER NOT NULL,
+    action TEXT NOT NULL, from_gpus INTEGER NOT NULL, to_gpus INTEGER NOT NULL,
+    global_batch INTEGER NOT NULL, detail TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL DEFAULT 'pending', done_at REAL NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS decisions_job ON decisions(slurm_id);
+CREATE TABLE IF NOT EXISTS samples(
+    slurm_id INTEGER NOT NULL, time REAL NOT NULL, gpus INTEGER NOT NULL,
+    nodes INTEGER NOT NULL, micro_batch INTEGER NOT NULL, accum_steps INTEGER NOT NULL,
+    global_batch INTEGER NOT NULL, step_time REAL NOT NULL, samples_per_s REAL NOT NULL,
+    loss REAL, noise_scale REAL, step INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS samples_job ON samples(slurm_id);
+CREATE TABLE IF NOT EXISTS cycles(
+    id INTEGER PRIMARY KEY, time REAL NOT NULL, seconds REAL NOT NULL,
+    decision_s REAL NOT NULL, slurm_calls INTEGER NOT NULL, jobs INTEGER NOT NULL,
+    actions INTEGER NOT NULL
+);
+"""
+
+
+class StateError(HpcorchError):
+    """The state database cannot be used."""
+
+
+@dataclass
+class JobRecord:
+    """One job as the controller remembers it."""
+
+    slurm_id: int
+    job_key: str
+    name: str
+    user: str
+    job_dir: str
+    app: str
+    min_gpus: int
+    max_gpus: int
+    batch: int
+    max_batch: int
+    max_micro: int
+    submit_time: float
+    phase: str
+    phase_since: float
+    gpus: int = 0
+    nodes: int = 0
+    node_list: str = ""
+    target_gpus: int = 0
+    target_placement: str = "{}"
+    global_batch: int = 0
+    micro_batch: int = 0
+    accum_steps: int = 1
+    launches: int = 0
+    resizes: int = 0
+    failures: int = 0
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    gpu_seconds: float = 0.0
+    run_seconds: float = 0.0
+    reason: str = ""
+    metrics_offset: int = 0
+    progress: float = 0.0
+    samples_per_s: float = 0.0
+    exit_code: int = 0
+    signalled_at: float = 0.0
+    epoch: int = 0
+    epochs: int = 0
+    """Epochs the job trains for, once it reports them (0: unknown)."""
+    steps_per_epoch: float = 0.0
+    """Optimizer steps per epoch at the job's initial batch size (0: unknown)."""
+    target_batch: int = 0
+    """Global batch the policy chose for the next launch."""
+
+    @property
+    def active(self) -> bool:
+        return self.phase in ACTIVE_PHASES
+
+    def placement(self) -> dict[int, int]:
+        return {int(k): int(v) for k, v in json.loads(self.target_placement or "{}").items()}
+
+
+@dataclass(frozen=True)
+class Decision:
+    id: int
+    time: float
+    slurm_id: int
+    action: str
+    from_gpus: int
+    to_gpus: int
+    global_batch: int
+    detail: str
+    status: str
+    done_at: float
+
+
+@dataclass(frozen=True)
+class Sample:
+    slurm_id: int
+    time: float
+    gpus: int
+    nodes: int
+    micro_batch: int
+    accum_steps: int
+    global_batch: int
+    step_time: float
+    samples_per_s: float
+    loss: float | None = None
+    noise_scale: float | None = None
+    step: int = 0
+
+
+@dataclass
+class CycleStats:
+    time: float
+    seconds: float
+    decision_s: float
+    slurm_calls: int
+    jobs: int
+    actions: int
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+_JOB_FIELDS = [f.name for f in fields(JobRecord)]
+
+
+class Store:
+    """Typed access to the state database. One writer (the controller); readers any."""
+
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        self.path = path
+        if readonly and not path.exists():
+            raise StateError(f"no controller state at {path}")
+        try:
+            if readonly:
+                self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True, mode=0o750)
+                fresh = not path.exists()
+                self.db = sqlite3.connect(path, timeout=10, isolation_level=None)
+                if fresh:
+                    os.chmod(path, 0o640)
+                self.db.execute("PRAGMA journal_mode=WAL")
+                self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.row_factory = sqlite3.Row
+            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise sqlite3.DatabaseError(check)
+            if not readonly:
+                self.db.executescript(_SCHEMA)
+                self._check_version()
+        except sqlite3.DatabaseError as exc:
+            raise StateError(
+                f"state database {path} is unreadable or corrupt ({exc}); it was left as it is: "
+                "move it aside to start afresh (running jobs are adopted from Slurm)"
+            ) from exc
+
+    def _check_version(self) -> None:
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) != SCHEMA_VERSION:
+            raise StateError(
+                f"state database {self.path} has schema {row[0]}; this hpcorch uses "
+                f"{SCHEMA_VERSION}"
+            )
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # --- meta ---------------------------------------------------------------------------
+    def get_meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES(?, ?)", (key, value))
+
+    # --- jobs ---------------------------------------------------------------------------
+    def jobs(self, active_only: bool = False) -> list[JobRecord]:
+        sql = "SELECT * FROM jobs"
+        if active_only:
+            sql += f" WHERE phase IN ({','.join('?' * len(ACTIVE_PHASES))})"
+        rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
+        return [JobRecord(**{k: r[k] for k in _JOB_FIELDS}) for r in rows]
+
+    def job(self, slurm_id: int) -> JobRecord | None:
+        r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()
+        return None if r is None else JobRecord(**{k: r[k] for k in _JOB_FIELDS})
+
+    def put_job(self, rec: JobRecord) -> None:
+        values = asdict(rec)
+        cols = ",".join(values)
+        marks = ",".join("?" * len(values))
+        self.db.execute(
+            f"INSERT OR REPLACE INTO jobs({cols}) VALUES({marks})", list(values.values())
+        )
+
+    # --- decisions ----------------------------------------------------------------------
+    def add_decision(
+        self, slurm_id: int, action: str, from_gpus: int, to_gpus: int, batch: int, detail: str
+    ) -> int:
+        cur = self.db.execute(
+            "INSERT INTO decisions(time, slurm_id, action, from_gpus, to_gpus, global_batch,"
+            " detail) VALUES(?,?,?,?,?,?,?)",
+            (time.time(), slurm_id, action, from_gpus, to_gpus, batch, detail),
+        )
+        return int(cur.lastrowid or 0)
+
+    def finish_decision(self, decision_id: int, status: str = "done") -> None:
+        self.db.execute(
+            "UPDATE decisions SET status=?, done_at=? WHERE id=?",
+            (status, time.time(), decision_id),
+        )
+
+    def decisions(self, slurm_id: int | None = None, status: str | None = None) -> list[Decision]:
+        sql, args = "SELECT * FROM decisions WHERE 1=1", list[object]()
+        if slurm_id is not None:
+            sql += " AND slurm_id=?"
+            args.append(slurm_id)
+        if status is not None:
+            sql += " AND status=?"
+            args.append(status)
+        rows = self.db.execute(sql + " ORDER BY id", args)
+        return [Decision(**dict(r)) for r in rows]
+
+    def count_decisions(self, action: str, detail_prefix: str = "") -> int:
+        row = self.db.execute(
+            "SELECT COUNT(*) FROM decisions WHERE action=? AND detail LIKE ?",
+            (action, detail_prefix + "%"),
+        )
+        return int(row.fetchone()[0])
+
+    # --- samples ------------------------------------------------------------------------
+    def add_samples(self, samples: Sequence[Sample]) -> None:
+        self.db.executemany(
+            "INSERT INTO samples VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+            [tuple(asdict(s).values()) for s in samples],
+        )
+
+    def samples(self, slurm_id: int) -> list[Sample]:
+        rows = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
+        return [Sample(**dict(r)) for r in rows]
+
+    # --- cycles -------------------------------------------------------------------------
+    def add_cycle(self, c: CycleStats) -> None:
+        self.db.execute(
+            "INSERT INTO cycles(time, seconds, decision_s, slurm_calls, jobs, actions)"
+            " VALUES(?,?,?,?,?,?)",
+            (c.time, c.seconds, c.decision_s, c.slurm_calls, c.jobs, c.actions),
+        )
+        self.db.execute("DELETE FROM cycles WHERE id <= (SELECT MAX(id) FROM cycles) - 10000")
+
+    def recent_cycles(self, n: int = 100) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT ?", (n,))
+        return [dict(r) for r in rows]

@@ -1,0 +1,117 @@
+"""Step-time model fitted online from the step times jobs report (pure numpy).
+
+One model per application, pooled over every job of that application the controller has
+seen (running and completed): all run the same code on the same kind of node.
+
+* compute time of one micro-step at per-GPU batch ``b``: piecewise-linear through the
+  measured single-GPU points (or step - sync of any measurement), extrapolated with a
+  least-squares line;
+* communication overhead of ``r > 1`` GPUs (step - compute): inverse-distance weighting
+  over measurements of the same kind (one node / several nodes) in (log nodes, log GPUs,
+  log batch), exact at measured points; an optimistic prior where nothing was measured yet;
+* an iteration with ``k`` micro-steps (gradient accumulation) costs
+  ``step + (k - 1) x compute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import numpy as np
+
+
+class StepLike(Protocol):
+    """One measured configuration (e.g. :class:`hpcorch.policy.types.StepSample`)."""
+
+    @property
+    def nodes(self) -> int: ...
+    @property
+    def gpus(self) -> int: ...
+    @property
+    def micro_batch(self) -> int: ...
+    @property
+    def step_time(self) -> float: ...
+    @property
+    def sync_time(self) -> float: ...
+
+
+# Prior overhead as a fraction of the compute time, before any measurement of that kind.
+PRIOR_INTRA = 0.1
+PRIOR_INTER = 1.0
+# Prior compute time per sample at the initial batch, before the first measurement.
+PRIOR_COMPUTE_S = 0.2
+
+
+class ThroughputModel:
+    """Predicts seconds per iteration for (nodes, GPUs, micro-batch, accumulation)."""
+
+    def __init__(self, samples: Iterable[StepLike], min_batch: int = 1) -> None:
+        uniq: dict[tuple[int, int, int], StepLike] = {}
+        for s in samples:
+            uniq.setdefault((s.nodes, s.gpus, s.micro_batch), s)
+        self.samples = list(uniq.values())
+        self.max_gpus_seen = max((s.gpus for s in self.samples), default=0)
+        single = sorted((s.micro_batch, s.step_time) for s in self.samples if s.gpus == 1)
+        if not single:
+            single = sorted(
+                (s.micro_batch, max(s.step_time - s.sync_time, 1e-6)) for s in self.samples
+            )
+            merged: dict[int, float] = {}
+            for b, t in single:
+                merged[b] = min(merged.get(b, t), t)
+            single = sorted(merged.items())
+        if single:
+            self._cb = np.array([float(b) for b, _ in single])
+            self._ct = np.array([t for _, t in single])
+        else:
+            self._cb = np.array([float(max(min_batch, 1))])
+            self._ct = np.array([PRIOR_COMPUTE_S])
+        if len(self._cb) >= 2:
+            slope, _icept = np.polyfit(self._cb, self._ct, 1)
+            self._slope = max(float(slope), 0.0)
+        else:
+            self._slope = float(self._ct[0] / self._cb[0]) * 0.8
+        multi = [s for s in self.samples if s.gpus > 1]
+        self._m_feat = np.array(
+            [[np.log2(s.nodes), np.log2(s.gpus), np.log2(s.micro_batch)] for s in multi]
+        ).reshape(-1, 3)
+        self._m_inter = np.array([s.nodes > 1 for s in multi], dtype=bool)
+        comp = self.compute(np.array([float(s.micro_batch) for s in multi]))
+        self._m_over = np.maximum(np.array([s.step_time for s in multi]) - comp, 0.0)
+
+    def compute(self, micro: np.ndarray) -> np.ndarray:
+        """Seconds of forward/backward of one micro-step at per-GPU batch ``micro``."""
+        b = np.asarray(micro, dtype=float)
+        lo, hi = self._cb[0], self._cb[-1]
+        out = np.interp(b, self._cb, self._ct)
+        out = np.where(b > hi, self._ct[-1] + self._slope * (b - hi), out)
+        out = np.where(b < lo, self._ct[0] - self._slope * (lo - b), out)
+        return np.asarray(np.maximum(out, 1e-6))
+
+    def overhead(self, nodes: np.ndarray, gpus: np.ndarray, micro: np.ndarray) -> np.ndarray:
+        """Seconds a multi-GPU step adds to the compute time (0 on one GPU)."""
+        n = np.asarray(nodes, dtype=float)
+        g = np.asarray(gpus, dtype=float)
+        b = np.asarray(micro, dtype=float)
+        comp = self.compute(b)
+        inter = n > 1
+        prior = np.where(inter, PRIOR_INTER, PRIOR_INTRA) * comp
+        out = prior
+        if len(self._m_over):
+            q = np.stack([np.log2(np.maximum(n, 1)), np.log2(np.maximum(g, 1)), np.log2(b)], -1)
+            d2 = ((q[:, None, :] - self._m_feat[None, :, :]) ** 2).sum(-1)
+            same = inter[:, None] == self._m_inter[None, :]
+            w = np.where(same, 1.0 / (d2 + 1e-9), 0.0)
+            wsum = w.sum(1)
+            est = (w * self._m_over[None, :]).sum(1) / np.maximum(wsum, 1e-300)
+            out = np.where(wsum > 0, est, prior)
+        return np.asarray(np.where(g > 1, out, 0.0))
+
+    def iteration_time(
+        self, nodes: np.ndarray, gpus: np.ndarray, micro: np.ndarray, accum: np.ndarray
+    ) -> np.ndarray:
+        """Seconds per optimizer step."""
+        comp = self.compute(micro)
+        step = comp + self.overhead(nodes, gpus, micro)
+        return np.asarray(step + (np.asarray(accum, dtype=float) - 1) * comp)

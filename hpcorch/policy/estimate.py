@@ -1,0 +1,143 @@
+"""Predicted remaining time of every job at every GPU count, from online-fitted models.
+
+For each application the step-time model is fitted on every measurement reported by its
+jobs (running and completed). For each job and GPU count ``g`` the best global batch is
+picked from a geometric grid between the job's batch bounds (goodput = statistical gain /
+iteration time), giving ``time[j, g]``: predicted seconds to finish on ``g`` GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from hpcorch.model.convergence import forecast_noise, noise_ratio
+from hpcorch.model.throughput import ThroughputModel
+from hpcorch.policy.types import JobView, Snapshot, StepSample
+
+BATCH_GRID = 10
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """``time[j, g]`` (seconds, inf where infeasible) and ``batch[j, g]`` for g = 0..gmax."""
+
+    jobs: tuple[JobView, ...]
+    time: np.ndarray
+    batch: np.ndarray
+    gmax: np.ndarray
+    """Largest GPU count each job may get (bounds, pool, exploration cap)."""
+    gmin: np.ndarray
+    """Smallest GPU count each job may run with."""
+
+
+def _grid(job: JobView, gcap: int) -> np.ndarray:
+    lo = max(job.min_batch, 1)
+    hi = max(job.max_batch, lo)
+    pts = np.unique(np.round(np.geomspace(lo, hi, BATCH_GRID)).astype(np.int64))
+    return pts
+
+
+def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Estimates:
+    """Build the time/batch tables for all jobs of ``snapshot``."""
+    jobs = snapshot.jobs
+    n = len(jobs)
+    total = snapshot.total_gpus
+    per_node = max(snapshot.node_gpus) if snapshot.node_gpus else 1
+    samples: dict[str, list[StepSample]] = {}
+    stats: dict[str, list[tuple[float, float]]] = {}
+    for h in snapshot.history:
+        samples.setdefault(h.application, []).extend(h.profile)
+    for j in jobs:
+        samples.setdefault(j.application, []).extend(j.profile)
+        if j.grad_sqr is not None and j.grad_var is not None:
+            stats.setdefault(j.application, []).append((j.grad_sqr, j.grad_var))
+    by_app: dict[str, list[int]] = {}
+    for i, j in enumerate(jobs):
+        by_app.setdefault(j.application, []).append(i)
+    gmax = np.zeros(n, dtype=np.int64)
+    models: dict[str, ThroughputModel] = {}
+    for app, idx in by_app.items():
+        model = ThroughputModel(samples.get(app, ()), jobs[idx[0]].min_batch)
+        models[app] = model
+        cap = max(1, math.ceil(explore * model.max_gpus_seen))
+        for i in idx:
+            j = jobs[i]
+            gmax[i] = max(min(j.max_gpus, total, cap, gpu_cap), min(j.min_gpus, total))
+    width = int(gmax.max()) + 1 if n else 1
+    time = np.full((n, width), np.inf)
+    batch = np.zeros((n, width), dtype=np.int64)
+    for app, idx in by_app.items():
+        model = models[app]
+        j0 = jobs[idx[0]]
+        gm = int(gmax[idx].max())
+        g = np.arange(1, gm + 1)
+        m = _grid(j0, gm)
+        G, M = np.meshgrid(g, m, indexing="ij")
+        accum = -(-M // (G * j0.max_micro_batch))
+        micro = M // (G * accum)
+        ok = micro >= j0.min_micro_batch
+        micro = np.maximum(micro, 1)
+        eff = micro * accum * G
+        nodes = -(-G // per_node)
+        it = model.iteration_time(nodes.ravel(), G.ravel(), micro.ravel(), accum.ravel())
+        it = np.where(ok, it.reshape(G.shape), np.inf)
+        refs = [
+            np.array([noise_ratio(a, b) for a, b in h.grad_history])
+            for h in snapshot.history
+            if h.application == app
+        ]
+        app_stats = stats.get(app)
+        default = float(np.median([noise_ratio(a, b) for a, b in app_stats])) if app_stats else None
+        rows = np.arange(gm)
+        for i in idx:
+            j = jobs[i]
+            if j.grad_sqr is not None and j.grad_var is not None:
+                cur = noise_ratio(j.grad_sqr, j.grad_var)
+            elif refs and len(refs[0]) > j.epoch:
+                cur = float(np.median([r[min(j.epoch, len(r) - 1)] for r in refs]))
+            else:
+                cur = default if default is not None else 1.0
+            rho = forecast_noise(j.epoch, j.max_epochs, cur, refs)
+            work = np.full(len(rho), j.progress_per_epoch_hint)
+            if len(work):
+                work[0] = max(
+                    (j.epoch + 1) * j.progress_per_epoch_hint - j.progress,
+                    0.05 * j.progress_per_epoch_hint,
+                )
+            else:
+                rho = np.array([cur])
+                work = np.array([0.05 * j.progress_per_epoch_hint])
+            seg_w, seg_rho = _segments(work, rho)
+            # seconds per unit of progress: (S, G, K)
+            gn = _gain(eff[None, :, :], j.min_batch, seg_rho[:, None, None])
+            per = it[None, :, :] / gn
+            best_now = np.argmin(per[0], axis=1)
+            total_t = (seg_w[:, None] * per.min(axis=2)).sum(axis=0)
+            k = int(gmax[i])
+            time[i, 1 : k + 1] = total_t[:k]
+            time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
+            batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
+    gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
+    return Estimates(jobs=jobs, time=time, batch=batch, gmax=gmax, gmin=gmin)
+
+
+SEGMENTS = 6
+
+
+def _gain(batch: np.ndarray, init_batch: float, rho: np.ndarray) -> np.ndarray:
+    scale = batch / init_batch
+    return np.asarray((rho + 1.0) / (rho / scale + 1.0))
+
+
+def _segments(work: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge epochs into at most SEGMENTS groups (work-weighted noise); the current
+    epoch stays a group of its own, so the batch chosen now fits the current noise."""
+    if len(work) <= SEGMENTS:
+        return work, rho
+    parts = [np.array([0]), *np.array_split(np.arange(1, len(work)), SEGMENTS - 1)]
+    w = np.array([work[p].sum() for p in parts])
+    r = np.array([np.average(rho[p], weights=work[p]) for p in parts])
+    return w, r

@@ -1,0 +1,303 @@
+"""ONES: online evolutionary search over every job's GPU count and global batch size.
+
+Each round:
+
+1. :func:`hpcorch.policy.estimate.estimate` predicts for every job and GPU count ``g`` the
+   remaining time ``T[j, g]`` at the best batch for ``g`` (throughput model fitted online,
+   gradient-noise convergence model).
+2. A schedule (one GPU count per job) is scored by the rate at which it completes jobs,
+   ``sum_j 1 / T'[j, g_j]``, where ``T'`` adds the restart cost whenever ``g_j`` differs
+   from the job's current GPUs - so a job is resized only when the predicted gain beats the
+   restart cost. Maximising completion rate favours jobs close to the end (shortest
+   remaining first) while giving each job only the GPUs it uses efficiently, which is what
+   lowers the average JCT.
+3. A population of schedules, kept across rounds (state of the policy object), evolves by
+   tournament selection, uniform crossover and mutation (grow, shrink, preempt a job, move
+   GPUs between two jobs), each child repaired to the pool size and filled so that no GPU
+   idles while some job would gain from it. The current allocation and a greedy schedule
+   seed every round.
+4. The best schedule is placed moving as few jobs as possible: jobs whose GPU count is
+   unchanged keep their nodes, shrinking jobs stay on their nodes, the rest are packed on
+   the fewest nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpcorch.policy.common import job_plan, place_packed
+from hpcorch.policy.estimate import estimate
+from hpcorch.policy.types import JobPlan, Plan, Snapshot
+
+
+@dataclass
+class OnesPolicy:
+    """Evolutionary GPU/batch-size scheduler (population held across rounds)."""
+
+    seed: int = 0
+    population: int = 16
+    generations: int = 12
+    elite: int = 4
+    explore: float = 2.0
+    hysteresis: float = 0.1
+    """A running job is resized only if it then finishes this fraction sooner."""
+    min_resize_s: float = 120.0
+    """Jobs predicted to finish within this many seconds keep their GPUs."""
+    whole_set: bool = False
+    """Score schedules by the predicted completion of the whole job set (queued jobs
+    start shortest-first on the capacity the schedule leaves); else by completion rate."""
+    priority: float = 0.3
+    """Exponent of remaining time in a job's weight: 1 = completion rate (shortest
+    remaining first), 0 = sum of speedups (throughput); in between trades the two."""
+    name: str = "ones"
+    _pop: list[dict[str, int]] = field(default_factory=list)
+    _rng: np.random.Generator | None = None
+
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        rng = self._rng
+        est = estimate(snapshot, explore=self.explore)
+        jobs = est.jobs
+        n = len(jobs)
+        if n == 0:
+            return Plan()
+        total = snapshot.total_gpus
+        width = est.time.shape[1]
+        cur = np.array([min(j.gpus, width - 1) for j in jobs], dtype=np.int64)
+        cols = np.arange(width)[None, :]
+        change = cols != cur[:, None]
+        t = est.time + np.where(change, snapshot.restart_cost_s, 0.0)
+        running = (cur > 0)[:, None]
+        t = np.where(change & running, t / (1.0 - self.hysteresis), t)
+        # A job about to finish is never resized: the restart would cost more than it saves.
+        t_now = est.time[np.arange(n), cur][:, None]
+        ending = running & (t_now < self.min_resize_s) & (cols > 0)
+        t = np.where(ending & change, np.inf, t)
+        with np.errstate(divide="ignore"):
+            value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
+        value[:, 0] = 0.0
+        if self.priority != 1.0:
+            ref = est.time[:, 1:2]
+            ref = np.where(np.isfinite(ref), ref, 1.0)
+            value = value * ref ** (1.0 - self.priority)
+        over = cols > est.gmax[:, None]
+        value[over] = -np.inf
+        ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
+
+        seeds = [ops.fill(ops.repair(np.minimum(cur, est.gmax))), ops.fill(np.zeros(n, np.int64))]
+        ids = [j.job_id for j in jobs]
+        for ind in self._pop:
+            g = np.array([ind.get(k, 0) for k in ids], dtype=np.int64)
+            seeds.append(ops.fill(ops.repair(np.minimum(g, est.gmax))))
+        pop = np.array(seeds[: self.population])
+        while len(pop) < self.population:
+            pop = np.vstack([pop, ops.mutate(pop[rng.integers(len(pop))])[None, :]])
+        fit = ops.fitness(pop)
+        for _ in range(self.generations):
+            order = np.argsort(-fit, kind="stable")
+            children = [pop[i] for i in order[: self.elite]]
+            while len(children) < self.population:
+                a = ops.tournament(fit)
+                b = ops.tournament(fit)
+                mask = rng.random(n) < 0.5
+                child = np.where(mask, pop[a], pop[b])
+                if rng.random() < 0.8:
+                    child = ops.mutate(child)
+                children.append(ops.fill(ops.repair(child)))
+            pop = np.array(children)
+            fit = ops.fitness(pop)
+        order = np.argsort(-fit, kind="stable")
+        pop = pop[order]
+        self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
+        return _place(snapshot, est.batch, pop[0])
+
+
+class _Ops:
+    """Genetic operators over GPU-count vectors, scored by a separable value table."""
+
+    def __init__(
+        self,
+        value: np.ndarray,
+        gmax: np.ndarray,
+        total: int,
+        rng: np.random.Generator,
+        time: np.ndarray | None = None,
+        gmin: np.ndarray | None = None,
+    ) -> None:
+        self.value = value
+        self.gmin = gmin if gmin is not None else np.ones_like(gmax)
+        self.time = time
+        if time is not None:
+            t1 = time[:, 1] if time.shape[1] > 1 else np.full(len(gmax), np.inf)
+            self.srpt = np.argsort(t1, kind="stable")
+            self.t1 = np.where(np.isfinite(t1), t1, 1e12)
+        self.gmax = gmax
+        self.total = total
+        self.rng = rng
+        self.rows = np.arange(len(gmax))
+
+    def fitness(self, pop: np.ndarray) -> np.ndarray:
+        if self.time is None:
+            return np.asarray(self.value[self.rows[None, :], pop].sum(axis=1))
+        return np.array([-self._whole_set(g) for g in pop])
+
+    def _whole_set(self, g: np.ndarray) -> float:
+        """Predicted sum of remaining completion times of all jobs under schedule ``g``.
+
+        Running jobs finish at their predicted time; queued jobs then run one GPU each,
+        shortest first, as fluid work on the capacity the running jobs free over time.
+        """
+        assert self.time is not None
+        run = g > 0
+        fin = self.time[self.rows[run], g[run]]
+        fin = np.where(np.isfinite(fin), fin, 1e12)
+        queued = self.srpt[~run[self.srpt]]
+        if len(queued) == 0:
+            return float(fin.sum())
+        order = np.argsort(fin, kind="stable")
+        tau = fin[order]
+        freed = g[run][order]
+        f0 = self.total - int(g.sum())
+        rate = f0 + np.concatenate(([0], np.cumsum(freed)))  # free GPUs on each segment
+        area = np.concatenate(([0.0], np.cumsum(rate[:-1] * np.diff(np.concatenate(([0.0], tau))))))
+        knots = np.concatenate(([0.0], tau))
+        need = np.cumsum(self.t1[queued])
+        done = np.interp(need, area, knots)
+        beyond = need > area[-1]
+        done = np.where(beyond, knots[-1] + (need - area[-1]) / self.total, done)
+        done = np.maximum(done, self.t1[queued])
+        return float(fin.sum() + done.sum())
+
+    def tournament(self, fit: np.ndarray) -> int:
+        a, b = self.rng.integers(len(fit), size=2)
+        return int(a if fit[a] >= fit[b] else b)
+
+    def snap(self, g: np.ndarray) -> np.ndarray:
+        """Jobs between 0 and their minimum GPU count are queued instead."""
+        return np.where((g > 0) & (g < self.gmin), 0, np.minimum(g, self.gmax))
+
+    def mutate(self, g: np.ndarray) -> np.ndarray:
+        g = g.copy()
+        n = len(g)
+        for _ in range(1 + int(self.rng.integers(3))):
+            j = int(self.rng.integers(n))
+            op = self.rng.random()
+            if op < 0.2:
+                g[j] = 0  # preempt
+            elif op < 0.45:
+                g[j] = min(max(g[j] * 2, 1), self.gmax[j])
+            elif op < 0.7:
+                g[j] = g[j] // 2
+            else:
+                k = int(self.rng.integers(n))
+                moved = min(g[k], self.gmax[j] - g[j])
+                if moved > 0:
+                    step = int(self.rng.integers(1, moved + 1))
+                    g[k] -= step
+                    g[j] += step
+        return self.snap(g)
+
+    def _marginal(self, g: np.ndarray, up: bool) -> np.ndarray:
+        if up:
+            nxt = np.minimum(g + 1, self.value.shape[1] - 1)
+            with np.errstate(invalid="ignore"):
+                gain = self.value[self.rows, nxt] - self.value[self.rows, g]
+            return np.where((g < self.gmax) & ~np.isnan(gain), gain, -np.inf)
+        prev = np.where(g - 1 < self.gmin, 0, g - 1)
+        with np.errstate(invalid="ignore"):
+            loss = self.value[self.rows, g] - self.value[self.rows, prev]
+        return np.where((g > 0) & ~np.isnan(loss), loss, np.inf)
+
+    def repair(self, g: np.ndarray) -> np.ndarray:
+        """Take GPUs from the jobs that lose least until the schedule fits the pool."""
+        g = self.snap(g).astype(np.int64)
+        excess = int(g.sum()) - self.total
+        while excess > 0:
+            loss = self._marginal(g, up=False)
+            k = max(1, excess // 8)
+            idx = np.argpartition(loss, k - 1)[:k] if k < len(g) else np.argsort(loss)[:k]
+            idx = idx[g[idx] > 0][: max(excess, 1)]
+            for i in idx:
+                drop = int(g[i]) if g[i] - 1 < self.gmin[i] else 1
+                g[i] -= drop
+                excess -= drop
+        return g
+
+    def fill(self, g: np.ndarray) -> np.ndarray:
+        """Give free GPUs to the jobs that gain most from one more, while any gains."""
+        g = g.copy()
+        free = self.total - int(g.sum())
+        while free > 0:
+            gain = self._marginal(g, up=True)
+            pos = np.flatnonzero(gain > 0)
+            if len(pos) == 0:
+                # Jobs whose next GPU only pays with a larger jump (restart offsets).
+                jump = self._best_jump(g, free)
+                if jump is None:
+                    break
+                j, to = jump
+                free -= to - int(g[j])
+                g[j] = to
+                continue
+            k = min(free, len(pos), max(1, free // 8))
+            top = pos[np.argsort(-gain[pos], kind="stable")[:k]]
+            g[top] += 1
+            free -= len(top)
+        return g
+
+    def _best_jump(self, g: np.ndarray, free: int) -> tuple[int, int] | None:
+        best: tuple[float, int, int] | None = None
+        for j in np.flatnonzero(g < self.gmax):
+            hi = min(int(self.gmax[j]), int(g[j]) + free)
+            with np.errstate(invalid="ignore"):
+                vals = self.value[j, int(g[j]) + 1 : hi + 1] - self.value[j, int(g[j])]
+            vals = np.where(np.isnan(vals), -np.inf, vals)
+            if len(vals) == 0:
+                continue
+            per = vals / np.arange(1, len(vals) + 1)
+            k = int(np.argmax(per))
+            if per[k] > 0 and (best is None or per[k] > best[0]):
+                best = (float(per[k]), int(j), int(g[j]) + k + 1)
+        return None if best is None else (best[1], best[2])
+
+
+def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
+    """Place the schedule ``g`` moving as few jobs as possible."""
+    jobs = snapshot.jobs
+    free = list(snapshot.node_gpus)
+    placements: dict[int, dict[int, int]] = {}
+    # Unchanged jobs keep their nodes.
+    for i, j in enumerate(jobs):
+        if g[i] > 0 and g[i] == j.gpus:
+            placements[i] = dict(j.placement)
+            for node, c in j.placement.items():
+                free[node] -= c
+    # Shrinking jobs stay on (a subset of) their nodes.
+    for i, j in enumerate(jobs):
+        if 0 < g[i] < j.gpus:
+            left = int(g[i])
+            p: dict[int, int] = {}
+            for node, c in sorted(j.placement.items(), key=lambda kv: -kv[1]):
+                take = min(c, left, free[node])
+                if take > 0:
+                    p[node] = take
+                    free[node] -= take
+                    left -= take
+            if left:
+                for node, c in p.items():
+                    free[node] += c
+                continue
+            placements[i] = p
+    # New and growing jobs (and shrinking ones that did not fit) on the fewest nodes.
+    rest = [i for i in range(len(jobs)) if g[i] > 0 and i not in placements]
+    for i in sorted(rest, key=lambda i: -int(g[i])):
+        placed = place_packed(free, int(g[i]))
+        if placed is not None:
+            placements[i] = placed
+    plans: list[JobPlan] = []
+    for i, p in sorted(placements.items()):
+        plans.append(job_plan(jobs[i], p, int(batch[i, int(g[i])])))
+    return Plan(tuple(plans))

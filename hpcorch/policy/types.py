@@ -1,0 +1,171 @@
+"""What a policy sees (:class:`Snapshot`) and what it decides (:class:`Plan`).
+
+A snapshot holds only what real jobs report to the controller: step times observed at
+configurations they ran, per-epoch progress and gradient statistics, the submitted request
+and bounds, attained service, the application name, plus the pool and the history of
+completed jobs. It never holds a job's true remaining work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured configuration: seconds per micro-step and the all-reduce part of it."""
+
+    nodes: int
+    gpus: int
+    micro_batch: int
+    step_time: float
+    sync_time: float
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One active (submitted, not finished) job as the controller knows it."""
+
+    job_id: str
+    application: str
+    submit_time: float
+    requested_gpus: int
+    requested_batch: int
+    min_gpus: int
+    max_gpus: int
+    min_batch: int
+    """Smallest global batch the job trains with (its initial batch size)."""
+    max_batch: int
+    """Largest global batch the job accepts."""
+    min_micro_batch: int
+    max_micro_batch: int
+    """Per-GPU batch that fits in GPU memory; larger batches use gradient accumulation."""
+    max_epochs: int
+    """Epochs the user asked for."""
+    progress_per_epoch_hint: float
+    """One pass over the job's data in progress units (samples / initial batch)."""
+    gpus: int = 0
+    placement: Mapping[int, int] = field(default_factory=dict)
+    batch: int = 0
+    micro_batch: int = 0
+    accum_steps: int = 1
+    epoch: int = 0
+    progress: float = 0.0
+    """Statistical progress so far (optimizer steps at the initial batch size)."""
+    grad_sqr: float | None = None
+    grad_var: float | None = None
+    """Gradient statistics of the current epoch (noise scale = grad_var / grad_sqr)."""
+    grad_history: tuple[tuple[float, float], ...] = ()
+    """(grad_sqr, grad_var) reported at the end of each finished epoch."""
+    attained_service: float = 0.0
+    """GPU-seconds held so far."""
+    run_time: float = 0.0
+    """Seconds the job has held GPUs."""
+    restarts: int = 0
+    profile: tuple[StepSample, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.gpus > 0
+
+
+@dataclass(frozen=True)
+class CompletedJob:
+    """A finished job, as kept in the controller's history."""
+
+    job_id: str
+    application: str
+    jct: float
+    gpu_seconds: float
+    progress: float
+    epochs: int
+    profile: tuple[StepSample, ...] = ()
+    grad_history: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The input of one scheduling round."""
+
+    now: float
+    node_gpus: tuple[int, ...]
+    """GPUs per node of the pool (node index = position)."""
+    jobs: tuple[JobView, ...]
+    history: tuple[CompletedJob, ...] = ()
+    round_s: float = 60.0
+    restart_cost_s: float = 30.0
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(self.node_gpus)
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """One job's allocation: GPUs, placement {node -> GPUs} (in rank order) and batch."""
+
+    job_id: str
+    gpus: int
+    placement: Mapping[int, int]
+    global_batch: int
+    micro_batch: int
+    accum_steps: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The output of one round. Jobs not listed get no GPUs (queued or preempted)."""
+
+    jobs: tuple[JobPlan, ...] = ()
+
+    def by_id(self) -> dict[str, JobPlan]:
+        return {p.job_id: p for p in self.jobs}
+
+    @property
+    def gpus_used(self) -> int:
+        return sum(p.gpus for p in self.jobs)
+
+
+class Policy(Protocol):
+    """A scheduling policy: stateless, or with its state held explicitly in the object."""
+
+    name: str
+
+    def schedule(self, snapshot: Snapshot) -> Plan: ...
+
+
+class PlanError(ValueError):
+    """A plan that the pool cannot honour."""
+
+
+def validate_plan(snapshot: Snapshot, plan: Plan) -> None:
+    """Raise :class:`PlanError` unless ``plan`` fits the pool and every job's bounds."""
+    jobs = {j.job_id: j for j in snapshot.jobs}
+    used = [0] * len(snapshot.node_gpus)
+    seen: set[str] = set()
+    for p in plan.jobs:
+        job = jobs.get(p.job_id)
+        if job is None:
+            raise PlanError(f"plan names unknown job {p.job_id!r}")
+        if p.job_id in seen:
+            raise PlanError(f"plan names job {p.job_id!r} twice")
+        seen.add(p.job_id)
+        if p.gpus != sum(p.placement.values()) or p.gpus < 1:
+            raise PlanError(f"{p.job_id}: placement {dict(p.placement)} != {p.gpus} GPUs")
+        if not job.min_gpus <= p.gpus <= job.max_gpus:
+            raise PlanError(
+                f"{p.job_id}: {p.gpus} GPUs outside bounds {job.min_gpus}..{job.max_gpus}"
+            )
+        if p.micro_batch * p.accum_steps * p.gpus != p.global_batch:
+            raise PlanError(f"{p.job_id}: batch split does not multiply to {p.global_batch}")
+        if not 1 <= p.micro_batch <= job.max_micro_batch:
+            raise PlanError(f"{p.job_id}: micro-batch {p.micro_batch} > {job.max_micro_batch}")
+        for node, n in p.placement.items():
+            if not 0 <= node < len(used) or n < 1:
+                raise PlanError(f"{p.job_id}: bad placement {dict(p.placement)}")
+            used[node] += n
+    for node, n in enumerate(used):
+        if n > snapshot.node_gpus[node]:
+            raise PlanError(f"node {node}: {n} GPUs planned, {snapshot.node_gpus[node]} exist")

@@ -1,0 +1,220 @@
+"""The simulated cluster: advances time and reports only what real jobs would report.
+
+No policy logic lives here. :meth:`SimCluster.advance` runs every placed job for some
+seconds on its true (trace-interpolated) behaviour; :meth:`SimCluster.reports` returns what
+the jobs would tell a controller; :meth:`SimCluster.apply` enacts a plan, charging the
+restart cost to every job whose GPUs or placement change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hpcorch.policy.types import CompletedJob, JobView, Plan, StepSample
+from hpcorch.sim.traces import AppTrace
+from hpcorch.sim.workload import WorkloadJob
+
+
+@dataclass
+class SimJob:
+    """Mutable state of one simulated job (ground truth)."""
+
+    spec: WorkloadJob
+    app: AppTrace
+    placement: tuple[tuple[int, int], ...] = ()
+    batch: int = 0
+    micro_batch: int = 0
+    accum_steps: int = 1
+    progress: float = 0.0
+    epoch: int = 0
+    rescale_left: float = 0.0
+    attained_service: float = 0.0
+    run_time: float = 0.0
+    idle_held: float = 0.0
+    """GPU-seconds held after completion, until the next round frees them."""
+    restarts: int = -1
+    start_time: float | None = None
+    completion_time: float | None = None
+    grad: tuple[float, float] | None = None
+    grad_history: list[tuple[float, float]] = field(default_factory=list)
+    profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return sum(n for _, n in self.placement)
+
+    @property
+    def done(self) -> bool:
+        return self.completion_time is not None
+
+    def counts(self) -> tuple[int, ...]:
+        return tuple(n for _, n in self.placement)
+
+    def step(self, now: float, seconds: float) -> None:
+        """Run for ``seconds`` starting at ``now`` (true behaviour from the traces)."""
+        g = self.gpus
+        if not g:
+            return
+        if self.done:
+            self.idle_held += g * seconds
+            return
+        delay = min(self.rescale_left, seconds)
+        self.rescale_left -= delay
+        self.attained_service += g * delay
+        self.run_time += delay
+        t = now + delay
+        seconds -= delay
+        app = self.app
+        counts = self.counts()
+        nodes = len(counts)
+        while seconds > 0 and not self.done:
+            st, sy = app.step_time(counts, self.micro_batch)
+            key = (nodes, g, self.micro_batch)
+            if key not in self.profile:
+                self.profile[key] = (st, sy)
+            self.grad = app.grad_stats(self.batch, self.epoch)
+            it = st + (self.accum_steps - 1) * (st - sy)
+            goodput = app.gain(self.batch, self.epoch) / it
+            nxt = float(app.epoch_end[self.epoch + 1])
+            if self.progress + goodput * seconds < nxt:
+                self.progress += goodput * seconds
+                used = seconds
+            else:
+                used = min(float(round((nxt - self.progress) / goodput)), seconds)
+                self.grad_history.append(self.grad)
+                self.epoch += 1
+                self.progress = nxt
+                if self.epoch >= app.epochs:
+                    self.completion_time = t + used
+            self.attained_service += g * used
+            self.run_time += used
+            t += used
+            seconds -= used
+        if self.completion_time is not None:
+            self.idle_held += g * seconds
+
+
+class SimCluster:
+    """A pool of nodes running the jobs of one workload."""
+
+    def __init__(
+        self,
+        jobs: list[WorkloadJob],
+        apps: Mapping[str, AppTrace],
+        node_gpus: tuple[int, ...],
+        restart_cost: float = 30.0,
+    ) -> None:
+        self.node_gpus = node_gpus
+        self.restart_cost = restart_cost
+        self.now = 0.0
+        self.jobs = [SimJob(spec=j, app=apps[j.application]) for j in jobs]
+        self._by_id = {j.spec.name: j for j in self.jobs}
+        self.allocated_gpu_seconds = 0.0
+        self.timeline: list[tuple[float, int]] = [(0.0, 0)]
+        self._completed: dict[str, CompletedJob] = {}
+
+    # -- time -----------------------------------------------------------------------------
+    def advance(self, seconds: float) -> None:
+        self.allocated_gpu_seconds += seconds * sum(j.gpus for j in self.jobs)
+        for job in self.jobs:
+            job.step(self.now, seconds)
+        self.now += seconds
+
+    def all_done(self) -> bool:
+        return all(j.done for j in self.jobs)
+
+    def active(self) -> list[SimJob]:
+        return [j for j in self.jobs if j.spec.time <= self.now and not j.done]
+
+    # -- observation ----------------------------------------------------------------------
+    def reports(self, max_gpus: int | None = None) -> list[JobView]:
+        """What each active job reports (request, bounds, measurements, progress)."""
+        total = sum(self.node_gpus)
+        out = []
+        for j in self.active():
+            app = j.app
+            cap = min(total, max_gpus or total, app.max_batch // app.min_micro)
+            out.append(
+                JobView(
+                    job_id=j.spec.name,
+                    application=j.spec.application,
+                    submit_time=j.spec.time,
+                    requested_gpus=j.spec.num_replicas,
+                    requested_batch=j.spec.batch_size,
+                    min_gpus=1,
+                    max_gpus=max(cap, min(j.spec.num_replicas, total)),
+                    min_batch=app.init_batch,
+                    max_batch=app.max_batch,
+                    min_micro_batch=app.min_micro,
+                    max_micro_batch=app.max_micro,
+                    max_epochs=app.epochs,
+                    progress_per_epoch_hint=app.progress_per_epoch_hint,
+                    gpus=j.gpus,
+                    placement=dict(j.placement),
+                    batch=j.batch,
+                    micro_batch=j.micro_batch,
+                    accum_steps=j.accum_steps,
+                    epoch=j.epoch,
+                    progress=j.progress,
+                    grad_sqr=j.grad[0] if j.grad else None,
+                    grad_var=j.grad[1] if j.grad else None,
+                    grad_history=tuple(j.grad_history),
+                    attained_service=j.attained_service,
+                    run_time=j.run_time,
+                    restarts=max(j.restarts, 0),
+                    profile=_samples(j),
+                )
+            )
+        return out
+
+    def completed(self) -> list[CompletedJob]:
+        for j in self.jobs:
+            if j.done and j.spec.name not in self._completed:
+                self._completed[j.spec.name] = self._record(j)
+        return list(self._completed.values())
+
+    @staticmethod
+    def _record(j: SimJob) -> CompletedJob:
+        return CompletedJob(
+            job_id=j.spec.name,
+            application=j.spec.application,
+            jct=(j.completion_time or 0.0) - j.spec.time,
+            gpu_seconds=j.attained_service,
+            progress=j.progress,
+            epochs=j.epoch,
+            profile=_samples(j),
+            grad_history=tuple(j.grad_history),
+        )
+
+    # -- actuation ------------------------------------------------------------------------
+    def apply(self, plan: Plan) -> None:
+        """Enact ``plan``: unplanned jobs lose their GPUs; changed placements restart."""
+        planned = plan.by_id()
+        for j in self.jobs:
+            p = planned.get(j.spec.name)
+            new = tuple(p.placement.items()) if p is not None else ()
+            if j.done:
+                j.placement = ()
+                continue
+            if new != j.placement:
+                j.placement = new
+                if new:
+                    j.rescale_left = self.restart_cost
+                    j.restarts += 1
+                    if j.start_time is None:
+                        j.start_time = self.now
+            if p is not None:
+                j.batch, j.micro_batch, j.accum_steps = (
+                    p.global_batch,
+                    p.micro_batch,
+                    p.accum_steps,
+                )
+        self.timeline.append((self.now, sum(j.gpus for j in self.jobs)))
+
+
+def _samples(j: SimJob) -> tuple[StepSample, ...]:
+    return tuple(
+        StepSample(nodes=k[0], gpus=k[1], micro_batch=k[2], step_time=v[0], sync_time=v[1])
+        for k, v in j.profile.items()
+    )

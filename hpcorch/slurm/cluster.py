@@ -1,0 +1,188 @@
+"""The Slurm side of the cluster seam: a reservation's nodes and jobs, actions via scontrol.
+
+A cycle's observation costs two Slurm calls (``squeue --json``, ``sinfo --json``), plus
+one ``scontrol show reservation`` every ``reservation_ttl`` seconds. Jobs are filtered
+client-side: Slurm 22.05's ``--json`` ignores filters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.planner import LaunchPlan
+from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE, PLAN_FILE
+from hpcorch.slurm.backend import SlurmCLI, expand_nodelist
+from hpcorch.slurm.script import parse_comment
+
+_NODES_RE = re.compile(r"\bNodes=(\S+)")
+
+
+class SlurmCluster:
+    """The pool held as a Slurm reservation."""
+
+    def __init__(
+        self,
+        reservation: str,
+        backend: SlurmCLI | None = None,
+        reservation_ttl: float = 60.0,
+        signal: str = CHECKPOINT_SIGNAL,
+    ) -> None:
+        self.reservation = reservation
+        self.backend = backend or SlurmCLI()
+        self.signal = signal
+        self.reservation_ttl = reservation_ttl
+        self._pool_nodes: tuple[str, ...] = ()
+        self._pool_read_at = -1e18
+
+    @property
+    def calls(self) -> int:
+        return self.backend.calls
+
+    def now(self) -> float:
+        return time.time()
+
+    # --- the reservation ----------------------------------------------------------------
+    def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
+        if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
+            out = self.backend.scontrol("show", "reservation", self.reservation)
+            m = _NODES_RE.search(out)
+            if not m or m.group(1) == "(null)":
+                raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
+            names = self.backend.scontrol("show", "hostnames", m.group(1)).split()
+            self._pool_nodes = tuple(names)
+            self._pool_read_at = time.monotonic()
+        return self._pool_nodes
+
+    def ensure_reservation(self, nodes: str, users: str, partition: str | None) -> str:
+        """Adopt the reservation if it exists, else create it. Returns what was done."""
+        try:
+            self.reservation_nodes(refresh=True)
+            return "adopted"
+        except SlurmCommandError as exc:
+            if "not found" not in str(exc).lower() and "invalid" not in str(exc).lower():
+                raise
+        args = [
+            "create",
+            "reservation",
+            f"ReservationName={self.reservation}",
+            f"Nodes={nodes}",
+            f"Users={users}",
+            "StartTime=now",
+            "Duration=infinite",
+            "Flags=IGNORE_JOBS",
+        ]
+        if partition:
+            args.append(f"PartitionName={partition}")
+        self.backend.scontrol(*args)
+        self.reservation_nodes(refresh=True)
+        return "created"
+
+    # --- observation --------------------------------------------------------------------
+    def observe(self) -> Observation:
+        pool = self.reservation_nodes()
+        jobs = self.backend.jobs()
+        by_name = {n.name: n for n in self.backend.nodes()}
+        nodes = tuple(
+            PoolNode(
+                name=name,
+                gpus=by_name[name].gpus if name in by_name else 0,
+                gpus_used=by_name[name].gpus_used if name in by_name else 0,
+                usable=by_name[name].usable if name in by_name else False,
+            )
+            for name in pool
+        )
+        observed = []
+        for j in jobs:
+            tags = parse_comment(j.comment)
+            if tags is None or j.reservation != self.reservation:
+                continue
+            names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            observed.append(
+                ObservedJob(
+                    slurm_id=j.job_id,
+                    name=j.name,
+                    user=j.user,
+                    state=j.state,
+                    held=j.held,
+                    reason=j.reason,
+                    node_names=names if j.state != "PENDING" else (),
+                    gpus_per_node=j.gpus_per_node,
+                    restarts=j.restarts,
+                    exit_code=j.exit_code,
+                    submit_time=float(j.submit_time),
+                    start_time=float(j.start_time),
+                    tags=tags,
+                )
+            )
+        return Observation(time=time.time(), nodes=nodes, jobs=tuple(observed))
+
+    # --- actions ------------------------------------------------------------------------
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        args = [
+            "update",
+            f"jobid={slurm_id}",
+            f"NumNodes={shape.nodes}-{shape.nodes}",
+            f"TresPerNode=gres:gpu:{shape.gpus_per_node}",
+        ]
+        args.append(
+            f"ReqNodeList={','.join(shape.node_names)}" if shape.node_names else "ReqNodeList="
+        )
+        self.backend.scontrol(*args)
+        self.backend.scontrol("update", f"jobid={slurm_id}", "StartTime=now")
+        self._tolerate("release", str(slurm_id), ok=("already", "not held"))
+
+    def hold(self, slurm_id: int) -> None:
+        self._tolerate("hold", str(slurm_id), ok=("already",))
+
+    def signal_checkpoint(self, slurm_id: int) -> None:
+        self.backend.cancel(slurm_id, signal=self.signal, batch_only=True)
+
+    def requeue_hold(self, slurm_id: int) -> None:
+        self._tolerate("requeuehold", str(slurm_id), ok=("already pending",))
+
+    def cancel(self, slurm_id: int) -> None:
+        self.backend.cancel(slurm_id)
+
+    def _tolerate(self, *args: str, ok: Sequence[str]) -> None:
+        try:
+            self.backend.scontrol(*args)
+        except SlurmCommandError as exc:
+            if not any(s in str(exc).lower() for s in ok):
+                raise
+
+    # --- files in the job directory -----------------------------------------------------
+    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
+        path = Path(job_dir) / PLAN_FILE
+        tmp = path.with_suffix(".json.tmp")
+        with open(tmp, "w") as fh:
+            fh.write(plan.to_json() + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+        path = Path(job_dir) / METRICS_FILE
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(offset)
+                data = fh.read(4 << 20)
+        except FileNotFoundError:
+            return [], offset
+        end = data.rfind(b"\n") + 1  # only whole lines; a partial last line waits
+        lines = []
+        for raw in data[:end].splitlines():
+            try:
+                doc = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                lines.append(doc)
+        return lines, offset + end

@@ -1,0 +1,73 @@
+"""``hpcorch simulate`` end to end with click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpcorch.cli import main
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["simulate", *args])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def test_json_shape(data_dir: Path, small_workload: Path, tmp_path: Path) -> None:
+    png = tmp_path / "out.png"
+    code, out, err = _run(
+        str(small_workload), "--policy", "fifo,ones", "--nodes", "2", "--json", "--plot", str(png)
+    )
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [r["policy"] for r in doc["results"]] == ["fifo", "ones"]
+    keys = {
+        "workload", "policy", "avg_jct", "p50_jct", "p99_jct", "makespan", "lower_bound",
+        "utilization", "restarts_per_job", "decision_ms_mean", "decision_ms_max",
+    }  # fmt: skip
+    for r in doc["results"]:
+        assert set(r) == keys
+        assert r["workload"] == "small"
+        assert 0 < r["utilization"] <= 1
+        assert r["avg_jct"] >= r["lower_bound"]
+    assert png.stat().st_size > 1000
+
+
+def test_table_output(data_dir: Path, small_workload: Path) -> None:
+    code, out, _ = _run(str(small_workload), "--policy", "tiresias", "--nodes", "2")
+    assert code == 0
+    assert "avg/bound" in out and "tiresias" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("name,time,application,num_replicas\nj,0,ncf,1\n", "missing column(s) batch_size"),
+        ("name,time,application,num_replicas,batch_size\nj,0,resnet,1,8\n", "unknown application"),
+        ("name,time,application,num_replicas,batch_size\nj,-5,ncf,1,256\n", "must not be negative"),
+        ("name,time,application,num_replicas,batch_size\nj,soon,ncf,1,256\n", "not a number"),
+    ],
+)
+def test_bad_workload_one_line_error(
+    data_dir: Path, tmp_path: Path, content: str, needle: str
+) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(content)
+    code, _, err = _run(str(path), "--policy", "fifo")
+    assert code != 0
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err
+
+
+def test_unknown_policy_lists_valid(data_dir: Path, small_workload: Path) -> None:
+    code, _, err = _run(str(small_workload), "--policy", "slurm")
+    assert code == 2
+    assert "unknown policy 'slurm'" in err and "tiresias" in err
+
+
+def test_missing_file(data_dir: Path) -> None:
+    code, _, err = _run("/nonexistent/w.csv")
+    assert code != 0 and "Traceback" not in err

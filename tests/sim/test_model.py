@@ -1,0 +1,63 @@
+"""Online-fitted models (pure numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcorch.model.convergence import forecast_noise, gain
+from hpcorch.model.throughput import ThroughputModel
+from hpcorch.policy.types import StepSample
+from hpcorch.sim.traces import AppTrace
+
+
+def _samples(app: AppTrace) -> list[StepSample]:
+    out = []
+    for counts, micro in [((1,), 64), ((1,), 256), ((2,), 128), ((4,), 128), ((4, 4), 128)]:
+        st, sy = app.step_time(counts, micro)
+        out.append(StepSample(len(counts), sum(counts), micro, st, sy))
+    return out
+
+
+def test_throughput_model_exact_at_measured_points(apps: dict[str, AppTrace]) -> None:
+    samples = _samples(apps["cifar10"])
+    model = ThroughputModel(samples)
+    for s in samples:
+        pred = model.iteration_time(
+            np.array([s.nodes]), np.array([s.gpus]), np.array([s.micro_batch]), np.array([1])
+        )
+        assert pred[0] == pytest.approx(s.step_time, rel=1e-6)
+
+
+def test_throughput_model_monotone_in_batch_and_accumulation(apps: dict[str, AppTrace]) -> None:
+    model = ThroughputModel(_samples(apps["cifar10"]))
+    b = np.arange(32, 1025, 32)
+    one = np.ones_like(b)
+    t = model.iteration_time(one, one, b, one)
+    assert np.all(np.diff(t) >= 0)
+    t2 = model.iteration_time(one, one, b, one * 2)
+    assert np.all(t2 > t)
+
+
+def test_throughput_model_without_samples_has_a_prior() -> None:
+    model = ThroughputModel([], min_batch=128)
+    t = model.iteration_time(
+        np.array([1, 2]), np.array([4, 8]), np.array([32, 32]), np.array([1, 1])
+    )
+    assert np.all(np.isfinite(t)) and np.all(t > 0)
+
+
+def test_gain_is_one_at_initial_batch_and_bounded() -> None:
+    b = np.array([128, 256, 1024, 4096, 1 << 20])
+    g = gain(b, 128, grad_sqr=1.0, grad_var=10.0)
+    assert g[0] == pytest.approx(1.0)
+    assert np.all(np.diff(g) > 0)
+    assert g[-1] < 11.0  # never more than (var + sqr) / sqr
+
+
+def test_noise_forecast_grows_and_follows_history() -> None:
+    f = forecast_noise(2, 10, 3.0, [])
+    assert f[0] == pytest.approx(3.0) and np.all(np.diff(f) > 0)
+    ref = np.linspace(1, 100, 10)
+    g = forecast_noise(4, 10, float(ref[4]), [ref, ref])
+    assert np.allclose(g, ref[4:])
