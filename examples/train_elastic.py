@@ -1,8 +1,9 @@
 """Elastic DDP training on generated data: examples/train_ddp.py made elastic.
 
-The same task and model as train_ddp.py, written against hpcorch.runtime. Run it like any DDP script (torchrun, srun through jobscripts/hpcorch-run.sbatch, mpirun).
-On SIGUSR2 it checkpoints at the next step boundary and exits 75; started again (at any
-number of ranks) it continues with exactly the samples it had not yet seen.
+The same task and model as train_ddp.py, written against hpcorch.runtime. Run it like any
+DDP script (torchrun, srun through jobscripts/hpcorch-run.sbatch, mpirun). On SIGUSR2 it
+checkpoints at the next step boundary and exits 75; started again (at any number of
+ranks) it continues with exactly the samples it had not yet seen.
 
     torchrun --nproc-per-node 2 examples/train_elastic.py --epochs 2
     sbatch --gres=gpu:2 jobscripts/hpcorch-run.sbatch examples/train_elastic.py --epochs 3
