@@ -164,6 +164,24 @@ class ElasticJob:
         except ckpt.CheckpointError as e:
             self.fail(str(e))
         self.timings["checkpoint_load_seconds"] = round(time.perf_counter() - t0, 3)
+        r = self._resume
+        try:
+            self.global_step, self.epoch, self.offset = r["global_step"], r["epoch"], r["offset"]
+            self.seed, self.base_batch = r["seed"], r["lr"]["base_batch"]
+            self.state = dict(r["user"])
+            self.noise.load_state_dict(r["gns"])
+            self.progress = r["lr"]["progress"]
+            if r["plan"]["global_batch"] == self.global_batch:
+                self._prev_factor = r["lr"]["prev_factor"]
+                self._since_change = r["lr"]["since_change"]
+            else:  # a new batch size: warm up from the factor in effect when we stopped
+                self._prev_factor = r["lr"]["factor"]
+                self._since_change = 0
+            missing = [k for k in ("model", "optimizer", "rng", "dataset_size") if k not in r]
+            if missing:
+                raise KeyError(missing[0])
+        except (KeyError, TypeError) as e:
+            self.fail(f"checkpoint {found.path} lacks the field {e}")
         if found.torn:
             self.log(
                 f"checkpoint {found.torn[-1].name} is incomplete (its writer was killed); "
@@ -171,18 +189,6 @@ class ElasticJob:
             )
         else:
             self.log(f"resuming from {found.path}")
-        r = self._resume
-        self.global_step, self.epoch, self.offset = r["global_step"], r["epoch"], r["offset"]
-        self.seed, self.base_batch = r["seed"], r["lr"]["base_batch"]
-        self.state = dict(r["user"])
-        self.noise.load_state_dict(r["gns"])
-        self.progress = r["lr"]["progress"]
-        if r["plan"]["global_batch"] == self.global_batch:
-            self._prev_factor = r["lr"]["prev_factor"]
-            self._since_change = r["lr"]["since_change"]
-        else:  # a new batch size: warm up from the factor in effect when we stopped
-            self._prev_factor = r["lr"]["factor"]
-            self._since_change = 0
 
     def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
         """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""

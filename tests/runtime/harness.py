@@ -187,7 +187,7 @@ def sbatch(
     return Job(done.stdout.strip().split(";")[0], out, e)
 
 
-def signal_job_at(job: Job, job_dir: Path, step: int) -> None:
+def signal_job_at(job: Job, job_dir: Path, step: int, sig: str = "USR2") -> None:
     """Ask the job for a checkpoint the way a site does: signal its batch shell."""
     wait_for(lambda: last_step(job_dir) >= step, timeout=120)
-    job.scancel("--batch", "--signal=USR2")
+    job.scancel("--batch", f"--signal={sig}")

@@ -115,3 +115,18 @@ def test_max_steps_ends_training_with_a_final_checkpoint(one_rank: Path) -> None
     assert (n, job.global_step, job.epoch, job.offset) == (4, 4, 1, 16)  # 16+16+8, then 16
     assert ckpt.find_latest(one_rank / "checkpoints").step == 4
     assert '"event": "done"' in (one_rank / "metrics.jsonl").read_text()
+
+
+def test_checkpoint_without_its_fields_is_one_clear_error(
+    one_rank: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = ckpt.checkpoint_path(one_rank / "checkpoints", 9)
+    path.parent.mkdir()
+    torch.save({"format": "hpcorch-checkpoint", "version": 1, "job": None}, path)
+    before = path.read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        hr.init(global_batch=8, max_micro_batch=8)
+    assert exit_.value.code == hr.EXIT_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"hpcorch: error: checkpoint {path} lacks the field 'global_step'"]
+    assert path.read_bytes() == before and not (one_rank / "metrics.jsonl").exists()

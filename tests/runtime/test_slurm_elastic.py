@@ -85,13 +85,15 @@ def test_resize_2_to_4_same_global_batch(runtime_pool: dict[str, str], tmp_path:
 
 
 def test_standalone_job_requeues_itself(runtime_pool: dict[str, str], tmp_path: Path) -> None:
-    """Without a controller the wrapper requeues its own job on exit code 75."""
+    """Without a controller the wrapper requeues its own job on exit code 75. Here the job
+    also takes SIGTERM as a checkpoint request (the wrapper traps every signal named)."""
     jd = tmp_path / "solo"
-    job = sbatch(runtime_pool, jd, ARGS, HPCORCH_CONTROLLED="")
-    signal_job_at(job, jd, 4)
+    job = sbatch(runtime_pool, jd, ARGS, HPCORCH_CONTROLLED="", HPCORCH_CKPT_SIGNAL="USR2,TERM")
+    signal_job_at(job, jd, 4, sig="TERM")
     assert job.wait(timeout=240) == EXIT_DONE, job.output()
     out = job.output()
-    assert "requeueing job" in out and "launch 1:" in out and "training finished" in out
+    assert "SIGTERM received" in out and "requeueing job" in out
+    assert "launch 1:" in out and "training finished" in out
     starts = events(jd, "start")
     assert [s["resumed"] for s in starts] == [False, True]
     shutil.rmtree(jd)
