@@ -5,13 +5,14 @@ from __future__ import annotations
 import io
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from hpcorch.protocol import CHECKPOINT_FORMAT, EXIT_CONFIG, EXIT_DONE
-from tests.runtime.harness import events, sbatch, wait_for
+from tests.runtime.harness import EXAMPLE, events, free_port, sbatch, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -102,13 +103,26 @@ def test_bad_plan_or_checkpoint_one_error_nothing_overwritten(
         assert snapshot(jd) == before, name  # nothing written, nothing overwritten
 
 
-def test_mpi_launch_under_srun_pmix_on_two_nodes(
-    runtime_pool: dict[str, str], tmp_path: Path
-) -> None:
-    jd = tmp_path / "mpi"
-    job = sbatch(runtime_pool, jd, SMALL, nodes=2, gpus_per_node=1, HPCORCH_LAUNCHER="mpi")
-    assert job.wait() == EXIT_DONE, job.output()
-    start = events(jd, "start")[0]
-    assert (start["launcher"], start["gpus"]) == ("mpi", 2)
-    assert "<over MPI>" in job.output()  # the wrapper left the port to the MPI rendezvous
-    assert events(jd, "done")
+def test_launch_paths_under_srun_on_two_nodes(runtime_pool: dict[str, str], tmp_path: Path) -> None:
+    """MPI through the wrapper, MPI under a bare `srun --mpi=pmix` (rank 0's address and a
+    free port found and broadcast over MPI), and a bare `srun` read from SLURM_* only."""
+    py, ex, args = sys.executable, str(EXAMPLE), " ".join(SMALL)
+    mpi_env = {"OMPI_MCA_btl": "tcp,self", "OMPI_MCA_btl_tcp_if_include": "lo"}
+    jobs = {
+        "wrapper-mpi": sbatch(runtime_pool, tmp_path / "wrapper-mpi", SMALL, nodes=2,
+                              gpus_per_node=1, HPCORCH_LAUNCHER="mpi"),
+        "srun-pmix": sbatch(runtime_pool, tmp_path / "srun-pmix", [], nodes=2, gpus_per_node=1,
+                            sbatch_args=["--ntasks-per-node=1"],
+                            script=["--wrap", f"srun --mpi=pmix {py} {ex} {args}"], **mpi_env),
+        "srun": sbatch(runtime_pool, tmp_path / "srun", [], nodes=2, gpus_per_node=1,
+                       sbatch_args=["--ntasks-per-node=1"],
+                       script=["--wrap", f"srun {py} {ex} {args}"],
+                       MASTER_PORT=str(free_port())),
+    }  # fmt: skip
+    launcher = {"wrapper-mpi": "mpi", "srun-pmix": "mpi", "srun": "slurm"}
+    for name, job in jobs.items():
+        assert job.wait() == EXIT_DONE, (name, job.output())
+        start = events(tmp_path / name, "start")[0]
+        assert (start["launcher"], start["gpus"]) == (launcher[name], 2), name
+        assert events(tmp_path / name, "done"), name
+    assert "<over MPI>" in jobs["wrapper-mpi"].output()  # the port came from the rendezvous
