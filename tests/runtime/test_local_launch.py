@@ -29,6 +29,12 @@ def test_signal_to_one_rank_stops_all_then_resume_on_one(tmp_path: Path) -> None
     run = launch(2, jd, [*ARGS, *rec])
     signal_at(run, jd, 3, ranks=[1])
     assert run.wait() == [EXIT_RELAUNCH, EXIT_RELAUNCH], run.stderr()
+    steps = events(jd, "steps")
+    assert {"step_time", "samples_per_s", "global_batch", "per_gpu_batch", "noise_scale",
+            "loss"} <= set(steps[-1])  # fmt: skip
+    assert (steps[-1]["global_batch"], steps[-1]["per_gpu_batch"]) == (48, 8)
+    noise = [e["noise_scale"] for e in steps if e["noise_scale"] is not None]
+    assert noise and all(n > 0 for n in noise)  # estimated from the two ranks' gradients
     (stop,) = events(jd, "checkpoint")
     assert stop["reason"] == "signal" and events(jd, "exit")[0]["code"] == EXIT_RELAUNCH
     one = launch(1, jd, [*ARGS, *rec])
