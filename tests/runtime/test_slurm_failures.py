@@ -66,6 +66,9 @@ BAD_FILES = [
     ("plan-json", {"plan.json": b'{"version": 1, "global_batch": '}, {}, "is not valid JSON"),
     ("plan-version", {"plan.json": b'{"version": 7, "global_batch": 32, "gpus": 1, '
                       b'"max_micro_batch": 8}'}, {}, "has plan version 7"),
+    ("plan-other-job", {"plan.json": b'{"version": 1, "global_batch": 32, "gpus": 1, '
+                        b'"max_micro_batch": 8, "job": "other"}'}, {"HPCORCH_JOB_ID": "mine"},
+     "is for job 'other', not for 'mine'"),
     ("ckpt-truncated", {"checkpoints/ckpt-000000004.pt": fake_checkpoint(truncate=True)}, {},
      "is truncated or corrupt"),
     ("ckpt-version", {"checkpoints/ckpt-000000004.pt": fake_checkpoint(version=3)}, {},
