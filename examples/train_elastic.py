@@ -62,6 +62,12 @@ def main() -> None:
     p.add_argument(
         "--step-delay", type=float, default=0.0, help="sleep per step (emulated compute)"
     )
+    p.add_argument(
+        "--sample-delay",
+        type=float,
+        default=0.0,
+        help="sleep per sample on each rank (emulated GPU compute: scales with the GPU count)",
+    )
     p.add_argument("--record", type=Path, help="append this rank's sample indices per step here")
     p.add_argument("--save-params", type=Path, help="rank 0 writes the final parameters here")
     a = p.parse_args()
@@ -94,6 +100,8 @@ def main() -> None:
             record.flush()
         if a.step_delay:
             time.sleep(a.step_delay)
+        if a.sample_delay:
+            time.sleep(a.sample_delay * job.batch.micro_batch * job.batch.accum_steps)
     if a.save_params and job.is_main:
         torch.save({k: v.cpu() for k, v in model.module.state_dict().items()}, a.save_params)
 

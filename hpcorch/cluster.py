@@ -54,6 +54,7 @@ class ObservedJob:
     start_time: float
     tags: Mapping[str, str] = field(default_factory=dict)
     """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
+    end_time: float = 0.0
 
     @property
     def gpus(self) -> int:

@@ -1,5 +1,6 @@
 """Shared fixtures. ``slurm_pool`` brings up a real Slurm pool with the project's own
-slurm/pool script (in .run/test-pool, ports from $HPCORCH_TEST_POOL_PORT, default 17800)."""
+slurm/pool script (in .run/test-pool; port base $HPCORCH_TEST_POOL_PORT, by default one
+derived from the checkout's path)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,9 +34,12 @@ class Pool:
     home: Path = field(default_factory=Path)
 
     def run(self, *argv: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            list(argv), env=self.env, text=True, capture_output=True, check=check, **kw
-        )
+        res = subprocess.run(list(argv), env=self.env, text=True, capture_output=True, **kw)
+        if check and res.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(argv[:4])} ... exited {res.returncode}: {res.stderr.strip()[-2000:]}"
+            )
+        return res
 
     def hpcorch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(sys.executable, "-m", "hpcorch", *args, check=check)
@@ -72,7 +77,10 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             pytest.fail("Slurm is not installed: run 'slurm/pool install'")
         pytest.skip("Slurm is not installed (slurm/pool install)")
     pool_dir = Path(os.environ.get("HPCORCH_TEST_POOL_DIR", REPO / ".run" / "test-pool"))
-    port = os.environ.get("HPCORCH_TEST_POOL_PORT", "17800")
+    # a port base of this checkout's own, so that two checkouts on one machine never share
+    # a slurmctld (and one's `pool down` never stops the other's)
+    default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
+    port = os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port))
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     subprocess.run(
         [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4", "--port-base", port],

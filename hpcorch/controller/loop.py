@@ -144,7 +144,10 @@ class Controller:
         if j.state == "PENDING":
             phase = "queued" if j.held else "starting"
         elif j.ended:
-            phase = "done" if j.state == "COMPLETED" and j.exit_code == 0 else "failed"
+            phase = {
+                "COMPLETED": "done" if j.exit_code == 0 else "failed",
+                "CANCELLED": "cancelled",
+            }.get(j.state, "failed")
         else:
             phase = "running"
         rec = JobRecord(
@@ -200,6 +203,7 @@ class Controller:
     def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
         event = line.get("event")
         if event == "start":
+            rec.ready = 1
             epochs, size = line.get("epochs"), line.get("dataset_size")
             if isinstance(epochs, int) and epochs > 0:
                 rec.epochs = epochs

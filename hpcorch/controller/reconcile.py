@@ -34,6 +34,12 @@ class Settings:
     """Relaunches after a failure before the job is left failed."""
     min_run_s: float = 60.0
     """A launch runs at least this long before the controller resizes it."""
+    startup_s: float = 600.0
+    """A launch that has not reported its start is left alone this long (it could not
+    checkpoint yet: a signal would kill it); after that it is treated as started."""
+    relaunch_delay_s: float = 2.0
+    """Seconds between the end of a run and its relaunch: slurmd refuses a job id's new
+    launch on a node while the last run's credential is being revoked."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +138,8 @@ def _ended(
     s: Settings,
     out: Outcome,
 ) -> None:
+    if job.end_time and now - job.end_time < s.relaunch_delay_s:
+        return  # relaunch at the next cycle
     rec.exit_code = job.exit_code
     if job.exit_code == EXIT_RELAUNCH:
         if rec.phase == "stopping":
@@ -196,6 +204,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.launches += 1
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
+        rec.ready = 0
         _set_phase(rec, "running", now, f"launch {rec.launches}")
     if job.node_names:
         rec.gpus = job.gpus
@@ -231,6 +240,8 @@ def decide(
         out.events.append(f"start: {target_gpus} GPUs")
         _set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
     elif rec.phase == "running" and target_gpus != rec.gpus:
+        if not rec.ready and now - rec.phase_since < s.startup_s:
+            return out  # still starting up: it cannot checkpoint yet
         if target_gpus > 0 and now - rec.phase_since < s.min_run_s:
             return out  # let a fresh launch run before paying another restart
         rec.target_gpus = target_gpus

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from hpcorch.policy.aiturbo import AiturboPolicy
 from hpcorch.policy.fifo import FifoPolicy
 from hpcorch.policy.ones import OnesPolicy
+from hpcorch.policy.share import SharePolicy
 from hpcorch.policy.sidecar import SidecarPolicy
 from hpcorch.policy.tiresias import TiresiasPolicy
 from hpcorch.policy.types import (
@@ -27,6 +28,7 @@ POLICIES: dict[str, Callable[[int], Policy]] = {
     "ones": lambda seed: OnesPolicy(seed=seed),
     "aiturbo": lambda seed: AiturboPolicy(),
     "sidecar": lambda seed: SidecarPolicy(),
+    "share": lambda seed: SharePolicy(),
 }
 
 

@@ -100,7 +100,7 @@ class SlurmCLI:
 
     def reservations(self) -> dict[str, list[str]]:
         """Reservation name -> its node names."""
-        out = self.run(["scontrol", "show", "reservation", "-o"])
+        out = self.run(["scontrol", "-o", "show", "reservation"])
         found: dict[str, list[str]] = {}
         for line in out.splitlines():
             fields = dict(f.split("=", 1) for f in line.split() if "=" in f)

@@ -120,6 +120,7 @@ class SlurmCluster:
                     submit_time=float(j.submit_time),
                     start_time=float(j.start_time),
                     tags=tags,
+                    end_time=float(j.end_time),
                 )
             )
         return Observation(time=time.time(), nodes=nodes, jobs=tuple(observed))

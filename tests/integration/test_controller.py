@@ -1,0 +1,107 @@
+"""The controller on the real local pool: grow and shrink real DDP jobs through Slurm."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Pool
+from tests.integration.controller_util import (
+    ControllerProc,
+    losses,
+    metrics_lines,
+    submit,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slurm
+
+FAST = ("--interval", "1", "--round", "2", "--min-run", "4", "--grace", "60")
+
+
+@pytest.fixture
+def env_pool(slurm_pool: Pool) -> Pool:
+    env = {**slurm_pool.env, "HPCORCH_METRICS_INTERVAL": "1", "HPCORCH_CKPT_INTERVAL": "5"}
+    # reservations left by an earlier, interrupted run would overlap the new ones
+    out = slurm_pool.run("scontrol", "-o", "show", "reservation").stdout
+    for name in re.findall(r"ReservationName=(t-\S+)", out):
+        slurm_pool.run("scancel", f"--reservation={name}", check=False)
+        time.sleep(1)
+        slurm_pool.run("scontrol", "delete", "reservation", name, check=False)
+    return Pool(slurm_pool.dir, env, slurm_pool.nodes, slurm_pool.gpus_per_node, slurm_pool.home)
+
+
+def resizes(ctl: ControllerProc, job: int) -> list[tuple[int, int]]:
+    return [
+        (d.from_gpus, d.to_gpus)
+        for d in ctl.decisions()
+        if d.slurm_id == job and d.action == "signal" and d.detail.startswith("resize")
+    ]
+
+
+def test_grows_and_shrinks_three_jobs(env_pool: Pool, tmp_path: Path) -> None:
+    """One node (4 GPUs): A [1,4] alone gets 4; B [2,2] arrives -> A shrinks to 2; C [1,2]
+    arrives and takes what is free; when B and C have finished A grows back. All three train
+    to a lower loss, every relaunch resumes from a checkpoint, the metrics count every resize."""
+    res = f"t-grow-{os.getpid()}"
+    ctl = ControllerProc(
+        env_pool, tmp_path / "ctl", res, "--nodes", "n1", "--policy", "share", *FAST
+    )
+    ctl.start()
+    try:
+        a = submit(env_pool, res, "A", 1, 4, "--epochs", "60", "--sample-delay", "0.002")
+        wait_for(
+            "A running on 4 GPUs",
+            lambda: (
+                env_pool.state(a) == "RUNNING"
+                and ctl.phase(a) == "running"
+                and _gpus(env_pool, a) == 4
+            ),
+            90,
+            ctl.log,
+        )
+        b = submit(env_pool, res, "B", 2, 2, "--epochs", "8", "--sample-delay", "0.002")
+        wait_for("A shrunk for B", lambda: (4, 2) in resizes(ctl, a), 90, ctl.log)
+        c = submit(env_pool, res, "C", 1, 2, "--epochs", "3", "--sample-delay", "0.002")
+        for job in (c, b):
+            wait_for(f"job {job} done", lambda j=job: ctl.phase(j) == "done", 300, ctl.log)  # type: ignore[misc]
+        wait_for("A grown back", lambda: any(t > f for f, t in resizes(ctl, a)), 120, ctl.log)
+        wait_for("A done", lambda: ctl.phase(a) == "done", 400, ctl.log)
+
+        for job in (a, b, c):
+            ls = losses(env_pool, job)
+            assert ls and ls[-1] < ls[0], f"job {job} losses {ls}"
+        # every launch of A resumed where the one before checkpointed
+        starts = [m for m in metrics_lines(env_pool, a) if m.get("event") == "start"]
+        ckpts = [m for m in metrics_lines(env_pool, a) if m.get("event") == "checkpoint"]
+        assert len(starts) == len(resizes(ctl, a)) + 1
+        for later in starts[1:]:
+            assert later["resumed"]
+            assert later["step"] in {c["step"] for c in ckpts}
+        # the metrics endpoint counts every resize
+        out = env_pool.hpcorch("metrics", "--state-dir", str(ctl.state)).stdout
+        total = sum(len(resizes(ctl, j)) for j in (a, b, c))
+        assert f"hpcorch_resizes_total {total}" in out
+        assert total >= 3
+        described = env_pool.hpcorch("describe", str(a), "--state-dir", str(ctl.state)).stdout
+        assert "resize to 2 GPUs" in described and "throughput by GPU count" in described
+        assert ctl.stop() == 0  # SIGTERM: a clean exit
+    finally:
+        ctl.stop()
+        subprocess.run(["scancel", f"--reservation={res}"], env=env_pool.env, check=False)
+        time.sleep(1)
+        subprocess.run(["scontrol", "delete", "reservation", res], env=env_pool.env, check=False)
+
+
+def _gpus(pool: Pool, job: int) -> int:
+    j = pool.squeue().get(job)
+    if not j or not j.get("nodes"):
+        return 0
+    from hpcorch.slurm.parse import gpus_in
+
+    return gpus_in(j["tres_per_node"]) * int(j["node_count"])

@@ -1,0 +1,262 @@
+"""The controller's logic against a scripted fake cluster: transitions, restarts, retries.
+
+The real-Slurm behaviour is covered by tests/integration/test_controller.py; here every
+path of the state machine is driven quickly and deterministically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.controller.loop import Controller, LoopConfig
+from hpcorch.controller.reconcile import Settings
+from hpcorch.controller.store import StateError, Store
+from hpcorch.planner import LaunchPlan
+from hpcorch.policy.share import SharePolicy
+
+
+@dataclass
+class FakeJob:
+    job: ObservedJob
+    exit_on_signal: bool = True
+
+
+@dataclass
+class FakeCluster:
+    """Slurm in miniature: held jobs start at once, signalled jobs exit 75 at once."""
+
+    nodes: int = 2
+    gpus_per_node: int = 4
+    t: float = 1000.0
+    jobs: dict[int, FakeJob] = field(default_factory=dict)
+    log: list[tuple[str, int]] = field(default_factory=list)
+    plans: dict[str, LaunchPlan] = field(default_factory=dict)
+    calls: int = 0
+
+    def add(self, job_id: int, lo: int, hi: int, held: bool = True) -> None:
+        tags = {
+            "id": f"j{job_id}",
+            "min": str(lo),
+            "max": str(hi),
+            "batch": "64",
+            "dir": f"/jobs/{job_id}",
+        }
+        self.jobs[job_id] = FakeJob(
+            ObservedJob(
+                job_id,
+                f"j{job_id}",
+                "alice",
+                "PENDING",
+                held,
+                "JobHeldUser",
+                (),
+                0,
+                0,
+                0,
+                self.t,
+                0,
+                tags,
+            )
+        )
+
+    def set(self, job_id: int, **kw: Any) -> None:
+        self.jobs[job_id].job = replace(self.jobs[job_id].job, **kw)
+
+    def state(self, job_id: int) -> str:
+        return self.jobs[job_id].job.state
+
+    def now(self) -> float:
+        return self.t
+
+    def observe(self) -> Observation:
+        self.calls += 2
+        used = [0] * self.nodes
+        for fj in self.jobs.values():
+            if fj.job.state == "RUNNING":
+                for n in fj.job.node_names:
+                    used[int(n[1:]) - 1] += fj.job.gpus_per_node
+        nodes = tuple(
+            PoolNode(f"n{i + 1}", self.gpus_per_node, used[i], True) for i in range(self.nodes)
+        )
+        return Observation(self.t, nodes, tuple(fj.job for fj in self.jobs.values()))
+
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        self.log.append(("start", slurm_id))
+        names = shape.node_names or tuple(f"n{i + 1}" for i in range(shape.nodes))
+        self.set(
+            slurm_id,
+            state="RUNNING",
+            held=False,
+            node_names=names,
+            gpus_per_node=shape.gpus_per_node,
+        )
+
+    def hold(self, slurm_id: int) -> None:
+        self.log.append(("hold", slurm_id))
+
+    def signal_checkpoint(self, slurm_id: int) -> None:
+        self.log.append(("signal", slurm_id))
+        if self.jobs[slurm_id].exit_on_signal:
+            self.set(slurm_id, state="FAILED", exit_code=75)
+
+    def requeue_hold(self, slurm_id: int) -> None:
+        self.log.append(("requeue_hold", slurm_id))
+        j = self.jobs[slurm_id].job
+        self.set(slurm_id, state="PENDING", held=True, node_names=(), restarts=j.restarts + 1)
+
+    def cancel(self, slurm_id: int) -> None:
+        self.set(slurm_id, state="CANCELLED")
+
+    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
+        self.plans[job_dir] = plan
+
+    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+        return [], offset
+
+
+CFG = LoopConfig(
+    interval_s=1,
+    round_s=0,
+    settings=Settings(min_run_s=0, grace_s=30, max_retries=1, startup_s=0, relaunch_delay_s=0),
+)
+
+
+def controller(tmp_path: Path, cluster: FakeCluster) -> Controller:
+    return Controller(cluster, Store(tmp_path / "state.db"), SharePolicy(), CFG, log=lambda m: None)
+
+
+def test_a_held_job_is_started_at_its_share(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    assert c.log == [("start", 1)] and c.jobs[1].job.gpus == 8
+    assert c.plans["/jobs/1"].gpus == 8 and c.plans["/jobs/1"].global_batch == 64
+    ctl.cycle()
+    assert ctl.store.job(1).phase == "running"  # type: ignore[union-attr]
+
+
+def test_arrival_shrinks_and_departure_grows(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    ctl.cycle()  # policy: job 1 -> 4 GPUs: signal
+    assert ("signal", 1) in c.log and c.state(1) == "FAILED"
+    ctl.cycle()  # exit 75 seen: requeue held, reshape, release
+    assert c.log[-2:] == [("requeue_hold", 1), ("start", 1)] and c.jobs[1].job.gpus == 4
+    assert c.state(2) == "RUNNING" and c.jobs[2].job.gpus == 4
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.resizes == 1 and rec.reason == "resized 8 -> 4 GPUs"
+    c.set(2, state="COMPLETED", exit_code=0)
+    for _ in range(3):
+        ctl.cycle()
+    assert c.jobs[1].job.gpus == 8 and ctl.store.job(2).phase == "done"  # type: ignore[union-attr]
+
+
+def test_controller_killed_mid_resize_resumes_without_repeating(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    c.jobs[1].exit_on_signal = False  # the checkpoint takes a while
+    ctl.cycle()
+    assert ctl.store.job(1).phase == "stopping"  # type: ignore[union-attr]
+    ctl.store.close()
+    # "kill -9": a new controller on the same state; the job now exits 75
+    c.set(1, state="FAILED", exit_code=75)
+    ctl2 = controller(tmp_path, c)
+    ctl2.cycle()
+    starts = [e for e in c.log if e == ("start", 1)]
+    assert len(starts) == 2  # the first launch and the relaunch, nothing twice
+    assert c.jobs[1].job.gpus == 4 and c.jobs[1].job.restarts == 1
+
+
+def test_interrupted_start_is_redone_from_the_store(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    real_start = c.start
+    c.start = lambda *a: None  # type: ignore[method-assign]  # "killed" before the release
+    ctl.cycle()
+    assert c.state(1) == "PENDING" and ctl.store.job(1).phase == "starting"  # type: ignore[union-attr]
+    c.start = real_start  # type: ignore[method-assign]
+    controller(tmp_path, c).cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.gpus == 2
+    interrupted = [d for d in Store(tmp_path / "state.db").decisions() if d.status == "interrupted"]
+    assert interrupted == []  # the first start finished (as a no-op), it was not left pending
+
+
+def test_no_checkpoint_within_grace_is_requeued_by_force(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.jobs[1].exit_on_signal = False
+    c.add(2, 4, 4)
+    ctl.cycle()
+    c.t += 31
+    ctl.cycle()
+    assert c.log[-1] == ("requeue_hold", 1)
+    assert "no checkpoint within 30 s" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.gpus == 4
+
+
+def test_failures_are_retried_then_left_failed(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.set(1, state="FAILED", exit_code=1)
+    ctl.cycle()
+    assert c.state(1) == "RUNNING" and "retry 1/1" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.set(1, state="FAILED", exit_code=3)
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "failed"
+    assert rec.reason == "failed with exit code 3; gave up after 1 retries"
+
+
+def test_cancelled_and_vanished_jobs_are_recorded(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 1)
+    c.add(2, 1, 1)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    c.cancel(1)
+    del c.jobs[2]
+    ctl.cycle()
+    assert ctl.store.job(1).phase == "cancelled"  # type: ignore[union-attr]
+    assert ctl.store.job(2).phase == "lost"  # type: ignore[union-attr]
+
+
+def test_a_cycle_costs_a_bounded_number_of_calls(tmp_path: Path) -> None:
+    c = FakeCluster(nodes=4)
+    for i in range(500):
+        c.add(i + 1, 1, 4)
+    stats = controller(tmp_path, c).cycle()
+    assert stats.jobs == 500
+    assert stats.slurm_calls == 2  # one observation; actions are counted by the real side
+    assert sum(1 for e in c.log if e[0] == "start") == 16
+
+
+def test_a_corrupt_state_database_is_refused_and_left_alone(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    db.write_bytes(b"this is not a database" * 100)
+    before = db.read_bytes()
+    with pytest.raises(StateError, match="unreadable or corrupt"):
+        Store(db)
+    assert db.read_bytes() == before
