@@ -16,11 +16,12 @@ import json
 import time
 from pathlib import Path
 
+import hpcorch.runtime as hr  # first: it holds the checkpoint signal while torch loads
+
+# isort: split
 import torch
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
-
-import hpcorch.runtime as hr
 
 
 def make_data(samples: int, features: int, classes: int, seed: int = 0) -> TensorDataset:

@@ -23,8 +23,11 @@ import sys
 import time
 from typing import Any
 
+from hpcorch.protocol import CHECKPOINT_SIGNAL, ENV_CKPT_SIGNAL
+from hpcorch.runtime.config import catch_signals_early
 from hpcorch.runtime.metrics import process_age
 
+catch_signals_early(os.environ.get(ENV_CKPT_SIGNAL) or CHECKPOINT_SIGNAL)  # before torch
 _AT_IMPORT = process_age()  # process start -> here, which includes importing torch
 _t0 = time.perf_counter()
 import torch  # noqa: E402, F401  (timed: the share of start-up spent importing torch)
@@ -32,20 +35,12 @@ import torch  # noqa: E402, F401  (timed: the share of start-up spent importing 
 _TORCH_IMPORT = time.perf_counter() - _t0  # 0 when the script imported torch first
 
 from hpcorch.planner import BatchPlan, LaunchPlan, lr_scale, plan_batch  # noqa: E402
-from hpcorch.protocol import (  # noqa: E402
-    CHECKPOINT_SIGNAL,
-    ENV_CKPT_SIGNAL,
-    EXIT_CONFIG,
-    EXIT_DONE,
-    EXIT_RELAUNCH,
-)
+from hpcorch.protocol import EXIT_CONFIG, EXIT_DONE, EXIT_RELAUNCH  # noqa: E402
 from hpcorch.runtime.checkpoint import CheckpointError  # noqa: E402
 from hpcorch.runtime.config import ConfigError, resolve  # noqa: E402
 from hpcorch.runtime.dist import DistInfo, LaunchError, init_process_group  # noqa: E402
-from hpcorch.runtime.job import ElasticJob, catch_signals_early  # noqa: E402
+from hpcorch.runtime.job import ElasticJob  # noqa: E402
 from hpcorch.runtime.step import Step  # noqa: E402
-
-catch_signals_early(os.environ.get(ENV_CKPT_SIGNAL) or CHECKPOINT_SIGNAL)
 
 __all__ = [
     "EXIT_CONFIG",

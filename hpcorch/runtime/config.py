@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 from hpcorch.planner import (
     LR_SCALING_RULES,
@@ -168,3 +170,22 @@ def resolve(
         if metrics_interval is not None
         else _env_float(env, ENV_METRICS_INTERVAL, 5.0),
     )
+
+
+EARLY_SIGNAL: dict[str, float] = {}
+"""Time of a checkpoint signal that arrived before the job object existed."""
+
+
+def _early_handler(signum: int, frame: FrameType | None) -> None:
+    EARLY_SIGNAL.setdefault("time", time.time())
+
+
+def catch_signals_early(spec: str) -> None:
+    """Hold checkpoint signals from import time on (their default action would kill us).
+
+    Called by ``hpcorch.runtime`` before it imports torch, which takes seconds."""
+    try:
+        for sig in parse_signals(spec):
+            signal.signal(sig, _early_handler)
+    except (ConfigError, ValueError):
+        pass  # a bad name is reported by init(); not in the main thread: nothing to do

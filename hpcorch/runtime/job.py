@@ -29,28 +29,12 @@ from hpcorch.protocol import (
     METRICS_FILE,
 )
 from hpcorch.runtime import checkpoint as ckpt
-from hpcorch.runtime.config import ConfigError, Settings, parse_signals
+from hpcorch.runtime.config import EARLY_SIGNAL, Settings
 from hpcorch.runtime.dist import DistInfo
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.metrics import Heartbeat, MetricsWriter, process_age
 from hpcorch.runtime.sampler import ElasticSampler, StepLayout
 from hpcorch.runtime.step import Step
-
-_EARLY: dict[str, float] = {}
-"""Time of a checkpoint signal that arrived before the job object existed."""
-
-
-def _early_handler(signum: int, frame: FrameType | None) -> None:
-    _EARLY.setdefault("time", time.time())
-
-
-def catch_signals_early(spec: str) -> None:
-    """Hold checkpoint signals from import time on (their default action would kill us)."""
-    try:
-        for sig in parse_signals(spec):
-            signal.signal(sig, _early_handler)
-    except (ConfigError, ValueError):
-        pass  # a bad name is reported by init(); not in the main thread: nothing to do
 
 
 class ElasticJob:
@@ -111,7 +95,7 @@ class ElasticJob:
         self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
         for sig in settings.signals:
             signal.signal(sig, self._on_signal)
-        self._signalled = _EARLY.pop("time", None)
+        self._signalled = EARLY_SIGNAL.pop("time", None)
         if settings.plan_gpus is not None and settings.plan_gpus != self.world_size:
             self.log(
                 f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
-from tests.runtime.harness import events, launch, signal_at
+from tests.runtime.harness import events, launch, signal_at, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +58,18 @@ def test_configured_checkpoint_signal_is_honoured(tmp_path: Path) -> None:
     signal_at(run, jd, 1, ranks=[0], sig=signal.SIGUSR1)
     assert run.wait() == [EXIT_RELAUNCH], run.stderr()
     assert events(jd, "checkpoint")[0]["step"] >= 1
+
+
+def test_signal_while_torch_is_still_loading(tmp_path: Path) -> None:
+    """A resize can be requested the moment a job starts: the signal must not kill it."""
+    jd = tmp_path / "loading"
+    run = launch(1, jd, ARGS)
+    maps = Path(f"/proc/{run.procs[0].pid}/maps")
+    # hpcorch.runtime is imported before torch; torch's library mapped = torch is loading
+    wait_for(lambda: "libtorch" in maps.read_text(), timeout=60, every=0.005)
+    assert not events(jd, "start")
+    run.signal(signal.SIGUSR2, [0])
+    assert run.wait() == [EXIT_RELAUNCH], run.stderr()
+    (ck,) = events(jd, "checkpoint")
+    start = events(jd, "start")[0]
+    assert ck["step"] == 1 and float(ck["signal_time"]) < float(start["time"])
