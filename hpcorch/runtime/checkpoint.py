@@ -111,7 +111,8 @@ def load(path: Path, job_id: str | None) -> dict[str, Any]:
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} does not exist") from None
     except Exception as e:  # torch raises many kinds for damaged files
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        text = str(e).strip()
+        first = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
         raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from e
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not an hpcorch checkpoint")
