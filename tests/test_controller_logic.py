@@ -260,3 +260,35 @@ def test_a_corrupt_state_database_is_refused_and_left_alone(tmp_path: Path) -> N
     with pytest.raises(StateError, match="unreadable or corrupt"):
         Store(db)
     assert db.read_bytes() == before
+
+
+def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    cfg = replace(CFG, settings=replace(CFG.settings, startup_s=600))
+    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    ctl.cycle()
+    assert ("signal", 1) not in c.log  # still importing torch, as far as anyone knows
+    c.read_metrics = lambda d, o: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
+    ctl.cycle()
+    assert ("signal", 1) in c.log
+
+
+def test_relaunch_waits_for_the_last_run_to_be_over(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    cfg = replace(CFG, settings=replace(CFG.settings, relaunch_delay_s=2))
+    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    ctl.cycle()
+    c.set(1, end_time=c.t)
+    ctl.cycle()
+    assert ("requeue_hold", 1) not in c.log  # ended just now: not yet
+    c.t += 2.5
+    ctl.cycle()
+    assert [e for e in c.log if e[1] == 1][-2:] == [("requeue_hold", 1), ("start", 1)]
