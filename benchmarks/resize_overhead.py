@@ -39,7 +39,9 @@ from hpcorch.controller.store import Store  # noqa: E402
 
 
 def sh(env: dict[str, str], *argv: str, **kw: Any) -> str:
-    return subprocess.run(list(argv), env=env, check=True, text=True, capture_output=True, **kw).stdout
+    return subprocess.run(
+        list(argv), env=env, check=True, text=True, capture_output=True, **kw
+    ).stdout
 
 
 def wait(what: str, cond: Any, timeout: float) -> None:
@@ -63,25 +65,70 @@ def main() -> None:
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcorch-bench-"))
     pool_dir = REPO / ".run" / "bench-pool"
-    env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir), "HPCORCH_HOME": str(work / "home"),
-           "HPCORCH_METRICS_INTERVAL": "1", "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "HPCORCH_POOL_DIR": str(pool_dir),
+        "HPCORCH_HOME": str(work / "home"),
+        "HPCORCH_METRICS_INTERVAL": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     hp = [sys.executable, "-m", "hpcorch"]
     sh(env, str(REPO / "slurm" / "pool"), "up", "--port-base", "21800")
     env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
     state = work / "ctl"
     ctl = subprocess.Popen(
-        [*hp, "controller", "--reservation", "bench", "--nodes", "n1", "--policy", "share",
-         "--interval", "0.5", "--round", "1", "--min-run", "5", "--state-dir", str(state)],
-        env=env, stderr=open(work / "controller.log", "w"), text=True,  # noqa: SIM115
+        [
+            *hp,
+            "controller",
+            "--reservation",
+            "bench",
+            "--nodes",
+            "n1",
+            "--policy",
+            "share",
+            "--interval",
+            "0.5",
+            "--round",
+            "1",
+            "--min-run",
+            "5",
+            "--state-dir",
+            str(state),
+        ],
+        env=env,
+        stderr=open(work / "controller.log", "w"),  # noqa: SIM115
+        text=True,
     )
     try:
         wait("the controller", lambda: "reservation" in (work / "controller.log").read_text(), 60)
 
         def submit(name: str, lo: int, hi: int, epochs: int) -> int:
-            out = sh(env, *hp, "submit", str(REPO / "examples" / "train_elastic.py"), "--pool",
-                     "bench", "--name", name, "--min-gpus", str(lo), "--max-gpus", str(hi),
-                     "--batch-size", "64", "--parsable", "--", "--global-batch", "64",
-                     "--samples", "2048", "--epochs", str(epochs), "--sample-delay", "0.002")
+            out = sh(
+                env,
+                *hp,
+                "submit",
+                str(REPO / "examples" / "train_elastic.py"),
+                "--pool",
+                "bench",
+                "--name",
+                name,
+                "--min-gpus",
+                str(lo),
+                "--max-gpus",
+                str(hi),
+                "--batch-size",
+                "64",
+                "--parsable",
+                "--",
+                "--global-batch",
+                "64",
+                "--samples",
+                "2048",
+                "--epochs",
+                str(epochs),
+                "--sample-delay",
+                "0.002",
+            )
             return int(out.strip())
 
         a = submit("A", 1, 4, 40)
@@ -99,8 +146,14 @@ def main() -> None:
                 s.close()
 
         wait("B done", lambda: phase(b) == "done", 400)
-        wait("A grown back", lambda: sum(m.get("event") == "start" for m in metrics(a_dir)) >= 3, 300)
-        wait("A trained at 4 again", lambda: sum(m.get("event") == "first_step" for m in metrics(a_dir)) >= 3, 300)
+        wait(
+            "A grown back", lambda: sum(m.get("event") == "start" for m in metrics(a_dir)) >= 3, 300
+        )
+        wait(
+            "A trained at 4 again",
+            lambda: sum(m.get("event") == "first_step" for m in metrics(a_dir)) >= 3,
+            300,
+        )
         report(store_path, a, metrics(a_dir))
         many(env, hp, work, args.jobs)
     finally:
@@ -124,10 +177,19 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> None:
     launch = [m for m in lines if m.get("event") == "start"][1:]
     first = [m for m in lines if m.get("event") == "first_step"][1:]
     print("\nresize overhead (seconds), a real DDP job on the local pool, 2 cores")
-    cols = ["resize", "decide->signal", "signal->ckpt", "ckpt->exit", "exit->released",
-            "hpcorch own", "released->start", "start->step", "whole"]
+    cols = [
+        "resize",
+        "decide->signal",
+        "signal->ckpt",
+        "ckpt->exit",
+        "exit->released",
+        "hpcorch own",
+        "released->start",
+        "start->step",
+        "whole",
+    ]
     print("  ".join(f"{c:>15}" for c in cols))
-    for i, sig in enumerate(signals):
+    for sig in signals:
         try:
             ck = next(m for m in ckpts if m["written_time"] >= sig.time)
             ex = next(m for m in exits if m["time"] >= ck["written_time"])
@@ -136,11 +198,20 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> None:
             fs = next(m for m in first if m["time"] >= ln["time"])
         except StopIteration:
             continue
-        parts = [sig.done_at - sig.time, ck["written_time"] - sig.done_at,
-                 ex["time"] - ck["written_time"], st.done_at - ex["time"]]
-        row = [f"{sig.from_gpus}->{sig.to_gpus}", *(f"{p:.2f}" for p in parts),
-               f"{sum(parts):.2f}", f"{ln['time'] - st.done_at:.2f}",
-               f"{fs['time'] - ln['time']:.2f}", f"{fs['time'] - sig.time:.2f}"]
+        parts = [
+            sig.done_at - sig.time,
+            ck["written_time"] - sig.done_at,
+            ex["time"] - ck["written_time"],
+            st.done_at - ex["time"],
+        ]
+        row = [
+            f"{sig.from_gpus}->{sig.to_gpus}",
+            *(f"{p:.2f}" for p in parts),
+            f"{sum(parts):.2f}",
+            f"{ln['time'] - st.done_at:.2f}",
+            f"{fs['time'] - ln['time']:.2f}",
+            f"{fs['time'] - sig.time:.2f}",
+        ]
         print("  ".join(f"{c:>15}" for c in row))
 
 
@@ -148,36 +219,70 @@ def many(env: dict[str, str], hp: list[str], work: Path, n: int) -> None:
     script = work / "sleeper.sh"
     script.write_text("#!/bin/sh\nsleep 600\n")
     script.chmod(0o755)
-    sh(env, "scontrol", "create", "reservation", "ReservationName=bench-many", "Nodes=n2,n3,n4",
-       "Users=root", "StartTime=now", "Duration=infinite", "Flags=IGNORE_JOBS")
+    sh(
+        env,
+        "scontrol",
+        "create",
+        "reservation",
+        "ReservationName=bench-many",
+        "Nodes=n2,n3,n4",
+        "Users=root",
+        "StartTime=now",
+        "Duration=infinite",
+        "Flags=IGNORE_JOBS",
+    )
     try:
         t0 = time.perf_counter()
         sh(env, *hp, "submit", str(script), "--pool", "bench-many", "--min-gpus", "1", "--parsable")
         cli = time.perf_counter() - t0
-        text = sh(env, *hp, "submit", str(script), "--pool", "bench-many", "--min-gpus", "1",
-                  "--max-gpus", "2", "--dry-run")
+        text = sh(
+            env,
+            *hp,
+            "submit",
+            str(script),
+            "--pool",
+            "bench-many",
+            "--min-gpus",
+            "1",
+            "--max-gpus",
+            "2",
+            "--dry-run",
+        )
         t0 = time.perf_counter()
         for _ in range(n - 1):
             sh(env, "sbatch", "--parsable", input=text)
         sbatch = (time.perf_counter() - t0) / (n - 1)
         state = work / "ctl-many"
         for _ in range(2):
-            sh(env, *hp, "controller", "--reservation", "bench-many", "--state-dir", str(state),
-               "--once")
+            sh(
+                env,
+                *hp,
+                "controller",
+                "--reservation",
+                "bench-many",
+                "--state-dir",
+                str(state),
+                "--once",
+            )
         s = Store(state / "state.db", readonly=True)
         cycles = list(reversed(s.recent_cycles(2)))
         s.close()
-        print(f"\n{n} held jobs in the pool (12 GPUs): submit {cli:.2f} s through the CLI, "
-              f"{sbatch * 1000:.0f} ms per sbatch")
+        print(
+            f"\n{n} held jobs in the pool (12 GPUs): submit {cli:.2f} s through the CLI, "
+            f"{sbatch * 1000:.0f} ms per sbatch"
+        )
         print(f"{'cycle':>6} {'seconds':>8} {'decision ms':>12} {'Slurm calls':>12} {'jobs':>6}")
         for i, c in enumerate(cycles, 1):
-            print(f"{i:>6} {c['seconds']:>8.2f} {c['decision_s'] * 1000:>12.1f} "
-                  f"{c['slurm_calls']:>12} {c['jobs']:>6}")
+            print(
+                f"{i:>6} {c['seconds']:>8.2f} {c['decision_s'] * 1000:>12.1f} "
+                f"{c['slurm_calls']:>12} {c['jobs']:>6}"
+            )
     finally:
         subprocess.run(["scancel", "--reservation=bench-many"], env=env, capture_output=True)
         time.sleep(1)
-        subprocess.run(["scontrol", "delete", "reservation", "bench-many"], env=env,
-                       capture_output=True)
+        subprocess.run(
+            ["scontrol", "delete", "reservation", "bench-many"], env=env, capture_output=True
+        )
 
 
 if __name__ == "__main__":
