@@ -37,6 +37,8 @@ class FakeCluster:
     jobs: dict[int, FakeJob] = field(default_factory=dict)
     log: list[tuple[str, int]] = field(default_factory=list)
     plans: dict[str, LaunchPlan] = field(default_factory=dict)
+    shapes: list[Shape] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
     calls: int = 0
 
     def add(self, job_id: int, lo: int, hi: int, held: bool = True) -> None:
@@ -88,6 +90,7 @@ class FakeCluster:
 
     def start(self, slurm_id: int, shape: Shape) -> None:
         self.log.append(("start", slurm_id))
+        self.shapes.append(shape)
         names = shape.node_names or tuple(f"n{i + 1}" for i in range(shape.nodes))
         self.set(
             slurm_id,
@@ -260,3 +263,51 @@ def test_a_corrupt_state_database_is_refused_and_left_alone(tmp_path: Path) -> N
     with pytest.raises(StateError, match="unreadable or corrupt"):
         Store(db)
     assert db.read_bytes() == before
+
+
+def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    cfg = replace(CFG, settings=replace(CFG.settings, startup_s=600))
+    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    ctl.cycle()
+    assert ("signal", 1) not in c.log  # still importing torch, as far as anyone knows
+    c.read_metrics = lambda d, o: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
+    ctl.cycle()
+    assert ("signal", 1) in c.log
+
+
+def test_relaunch_waits_for_the_last_run_to_be_over(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    cfg = replace(CFG, settings=replace(CFG.settings, relaunch_delay_s=2))
+    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    ctl.cycle()
+    c.set(1, end_time=c.t)
+    ctl.cycle()
+    assert ("requeue_hold", 1) not in c.log  # ended just now: not yet
+    c.t += 2.5
+    ctl.cycle()
+    assert [e for e in c.log if e[1] == 1][-2:] == [("requeue_hold", 1), ("start", 1)]
+
+
+def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    assert c.shapes[-1].node_names == ("n1",)
+    c.down.add("n1")
+    ctl.cycle()  # still RUNNING as far as Slurm knows: nothing asked of it, no invalid plan
+    assert c.log == [("start", 1)]
+    c.set(1, state="PENDING", held=False, node_names=(), restarts=1)  # Slurm requeued it
+    ctl.cycle()
+    assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
+    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]

@@ -278,9 +278,12 @@ class Controller:
         targets = plan.by_id()
         pool_nodes = tuple(n.name for n in obs.nodes)
         acts: list[tuple[JobRecord, Action]] = []
+        unusable = {n.name for n in obs.nodes if not n.usable}
         for rec in active:
             if rec.phase not in ("queued", "running"):
                 continue
+            if unusable & set(rec.node_list.split(",")):
+                continue  # on a failed node: Slurm requeues it; nothing to ask of it
             jp = targets.get(str(rec.slurm_id))
             gpus = jp.gpus if jp else 0
             if jp is not None:

@@ -183,6 +183,18 @@ def _pending(
     if rec.phase == "running":
         _set_phase(rec, "starting", now, f"requeued by Slurm (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
+        # its node list may name the failed node: let Slurm place it anywhere in the pool
+        rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
+        rec.target_placement = "{}"
+        shape = target_shape(rec, pool_nodes)
+        out.actions.append(
+            Action(
+                "start",
+                rec.slurm_id,
+                Shape(shape.nodes, shape.gpus_per_node),
+                "restart anywhere after a node failure",
+            )
+        )
     elif rec.phase in ("queued", "stopping"):
         _set_phase(rec, "starting", now, "released outside the controller")
 

@@ -52,6 +52,7 @@ def job_view(
     pool_index: Mapping[str, int],
     pool_gpus: int,
     pin: int | None = None,
+    down: frozenset[int] = frozenset(),
 ) -> JobView:
     lo, hi = min(rec.min_gpus, pool_gpus), min(rec.max_gpus, pool_gpus)
     if pin is not None:
@@ -62,8 +63,8 @@ def job_view(
         gpus, placement = rec.gpus, placement_of(rec, pool_index)
     else:
         gpus, placement = 0, {}
-    if sum(placement.values()) != gpus:
-        gpus, placement = 0, {}
+    if sum(placement.values()) != gpus or set(placement) & down:
+        gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
     stats = noise_stats(samples, rec.batch)
     steps_per_epoch = rec.steps_per_epoch or 1.0
     epochs = rec.epochs or rec.epoch + 1
@@ -122,8 +123,9 @@ def build_snapshot(
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
     total = sum(node_gpus)
+    down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
     views = tuple(
-        job_view(r, samples.get(r.slurm_id, ()), pool_index, total, pins.get(r.slurm_id))
+        job_view(r, samples.get(r.slurm_id, ()), pool_index, total, pins.get(r.slurm_id), down)
         for r in records
         if r.active
     )
