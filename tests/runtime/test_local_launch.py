@@ -19,7 +19,7 @@ from tests.runtime.harness import events, launch, signal_at, wait_for
 pytestmark = pytest.mark.slow
 
 ARGS = ["--epochs", "1", "--samples", "768", "--global-batch", "48", "--max-micro-batch", "8",
-        "--step-delay", "0.05"]  # fmt: skip
+        "--step-delay", "0.1"]  # fmt: skip
 
 
 def test_signal_to_one_rank_stops_all_then_resume_on_one(tmp_path: Path) -> None:
