@@ -23,23 +23,13 @@ from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
-from hpcorch.paths import state_dir
+from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.script import parse_comment
 from hpcorch.status import fmt_duration, render_table
-
-STATE_DB = "state.db"
-
-
-def controller_dir(given: str | None) -> Path:
-    if given:
-        return Path(given).expanduser().resolve()
-    env = os.environ.get("HPCORCH_CONTROLLER_DIR")
-    return Path(env).expanduser().resolve() if env else state_dir() / "controller"
-
 
 state_dir_option = click.option(
     "--state-dir",

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import click
 
-from hpcorch.cli.controller import STATE_DB, controller_dir
-from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
+from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.script import SpecError, check_name, check_time, parse_comment
 from hpcorch.status import Managed, job_rows, pool_rows, render_status, status_document
@@ -141,6 +140,8 @@ def _managed(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | Non
     path = controller_dir(state_dir) / STATE_DB
     if not path.exists():
         return {}, None
+    from hpcorch.controller.store import Store  # only when a controller's state is there
+
     try:
         store = Store(path, readonly=True)
         found = {
