@@ -121,6 +121,7 @@ def test_slurmd_killed_under_a_running_job(env_pool: Pool, tmp_path: Path) -> No
         wait_for("A done", lambda: ctl.phase(a) == "done", 400, ctl.log)
         assert_resumed_exactly(env_pool, a)
         assert "requeued: by Slurm" in ctl.log.read_text()
+        assert ctl.stop() == 0
     finally:
         ctl.stop()
         subprocess.run(
