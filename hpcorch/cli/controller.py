@@ -22,7 +22,7 @@ from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
-from hpcorch.errors import HpcorchError
+from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
@@ -249,7 +249,15 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
         if gpus is not None:
             fields["pin"] = str(gpus)
         comment = f"{JOB_COMMENT_TAG}:" + ",".join(f"{k}={v}" for k, v in fields.items())
-        backend.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+        try:
+            backend.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+        except SlurmCommandError as exc:
+            text = str(exc).lower()
+            if "invalid user id" in text or "denied" in text or "not authorized" in text:
+                raise HpcorchError(
+                    f"job {job_id} is not yours: Slurm refused the change ({exc})"
+                ) from exc
+            raise
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
     what = f"pinned to {gpus} GPUs" if gpus else "unpinned"

@@ -47,6 +47,13 @@ class ControllerProc:
             stderr=open(self.log, "a"),  # noqa: SIM115
             text=True,
         )
+        proc = self.proc
+        wait_for(
+            "the controller to hold its reservation",
+            lambda: "reservation" in self.log.read_text() or proc.poll() is not None,
+            60,
+        )
+        assert proc.poll() is None, self.log.read_text()
 
     def kill9(self) -> None:
         assert self.proc is not None
