@@ -1,9 +1,11 @@
 """Parse ``squeue --json`` and ``sinfo --json`` across Slurm versions. Pure functions.
 
-Slurm 22.05 emits OpenAPI v0.0.38 shapes: plain strings and integers. From 23.11 on,
-states are lists (``["RUNNING"]``), numbers are ``{"set": true, "infinite": false,
-"number": 5}`` and exit codes are ``{"status": [...], "return_code": {...}}``. Every
-accessor here accepts both.
+Slurm 22.05 emits OpenAPI v0.0.38 shapes: plain strings and integers. 23.02 (v0.0.39)
+wraps numbers in ``{"set": true, "infinite": false, "number": 5}``, the exit code
+included (still a wait(2) status). From 23.11 (v0.0.40, v0.0.41 in 24.05) states are
+lists (``["RUNNING"]``), exit codes are ``{"status": [...], "return_code": {...},
+"signal": {...}}`` and jobs carry a ``hold`` flag (24.05). Every accessor here accepts
+all of them; ``tests/fixtures/`` holds one document per version.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ def _states(value: Any) -> tuple[str, ...]:
 
 
 def _exit_code(value: Any) -> int:
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping) and ("return_code" in value or "status" in value):
         rc = value.get("return_code", 0)
         signal = value.get("signal", {})
         if isinstance(signal, Mapping) and _num(signal.get("id"), 0):
             return 128 + _num(signal.get("id"), 0)
         return _num(rc, 0)
-    # 22.05 reports the raw wait(2) status: exit code in the high byte, signal in the low
+    # 22.05 (plain) and 23.02 ({"set", "number"}) report the raw wait(2) status: exit code
+    # in the high byte, signal in the low
     status = _num(value, 0)
     if status & 0x7F:
         return 128 + (status & 0x7F)
@@ -125,6 +128,8 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         node_count = 1
     reason = str(raw.get("state_reason") or "")
     priority = _num(raw.get("priority"), 1)
+    hold = raw.get("hold")
+    held = hold if isinstance(hold, bool) else priority == 0
     return SlurmJob(
         job_id=_num(raw.get("job_id")),
         name=str(raw.get("name") or ""),
@@ -144,7 +149,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         exit_code=_exit_code(raw.get("exit_code")),
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
-        held=priority == 0 and "PENDING" in states,
+        held=held and "PENDING" in states,
     )
 
 
