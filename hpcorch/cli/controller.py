@@ -26,8 +26,8 @@ from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
-from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.cluster import SlurmCluster
+from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import parse_comment
 from hpcorch.status import fmt_duration, render_table
 
@@ -130,7 +130,7 @@ def controller(
             store = Store(directory / STATE_DB)
             cluster = SlurmCluster(reservation)
             if nodes is None:
-                part = partition or SlurmCLI().partitions()[1]
+                part = partition or cluster.backend.partitions()[1]
                 nodes = ",".join(
                     n.name for n in cluster.backend.nodes() if part in n.partitions and n.gpus
                 )
@@ -237,8 +237,8 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
     """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
     if (gpus is None) == (not auto):
         raise click.UsageError("give either --gpus N or --auto")
-    backend = SlurmCLI()
     try:
+        backend = make_backend()
         job = next((j for j in backend.jobs() if j.job_id == job_id), None)
         if job is None:
             raise HpcorchError(f"no job {job_id} in Slurm")
@@ -250,7 +250,7 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
             fields["pin"] = str(gpus)
         comment = f"{JOB_COMMENT_TAG}:" + ",".join(f"{k}={v}" for k, v in fields.items())
         try:
-            backend.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+            backend.set_comment(job_id, comment)
         except SlurmCommandError as exc:
             text = str(exc).lower()
             if "invalid user id" in text or "denied" in text or "not authorized" in text:
