@@ -15,6 +15,8 @@ from hpcorch.controller.store import Store
 from tests.conftest import REPO, Pool
 
 ELASTIC = REPO / "examples" / "train_elastic.py"
+FAST = ("--interval", "1", "--round", "2", "--min-run", "4", "--grace", "60")
+"""Controller settings that keep the tests short."""
 
 
 class ControllerProc:

@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import REPO, Pool
 from tests.integration.controller_util import (
+    FAST,
     ControllerProc,
     losses,
     metrics_lines,
@@ -25,14 +26,6 @@ from tests.integration.controller_util import (
 )
 
 pytestmark = pytest.mark.slurm
-
-FAST = ("--interval", "1", "--round", "2", "--min-run", "4", "--grace", "60")
-
-
-@pytest.fixture
-def env_pool(slurm_pool: Pool) -> Pool:
-    env = {**slurm_pool.env, "HPCORCH_METRICS_INTERVAL": "1", "HPCORCH_CKPT_INTERVAL": "4"}
-    return Pool(slurm_pool.dir, env, slurm_pool.nodes, slurm_pool.gpus_per_node, slurm_pool.home)
 
 
 def cleanup(pool: Pool, res: str) -> None:
