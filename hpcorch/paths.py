@@ -16,6 +16,18 @@ def state_dir() -> Path:
     return Path(env).expanduser().resolve() if env else Path.home() / ".hpcorch"
 
 
+STATE_DB = "state.db"
+
+
+def controller_dir(given: str | None = None) -> Path:
+    """The controller's state directory: given, $HPCORCH_CONTROLLER_DIR, or
+    $HPCORCH_HOME/controller."""
+    if given:
+        return Path(given).expanduser().resolve()
+    env = os.environ.get("HPCORCH_CONTROLLER_DIR")
+    return Path(env).expanduser().resolve() if env else state_dir() / "controller"
+
+
 def jobs_dir() -> Path:
     return state_dir() / "jobs"
 

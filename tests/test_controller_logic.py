@@ -311,3 +311,18 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     ctl.cycle()
     assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+
+
+def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.set(1, restarts=1)  # requeued and running again before the controller looked
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.launches == 2 and rec.ready == 0
+    assert rec.reason == "relaunched by Slurm (restart 1)"
+    ctl.cycle()
+    assert ctl.store.job(1).launches == 2  # type: ignore[union-attr]

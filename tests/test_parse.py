@@ -98,3 +98,22 @@ def test_exit_code_of_22_05_is_a_wait_status() -> None:
 
     codes = [j.exit_code for j in parse_squeue({"jobs": [job(75 << 8), job(9), job(0)]})]
     assert codes == [75, 137, 0]
+
+
+def test_flag_states_read_as_their_base_state() -> None:
+    jobs = parse_squeue(
+        {
+            "jobs": [
+                {"job_id": 1, "job_state": "REQUEUE_HOLD", "priority": 0},
+                {"job_id": 2, "job_state": ["REQUEUED"], "priority": 100},
+                {"job_id": 3, "job_state": ["RUNNING", "SIGNALING"]},
+                {"job_id": 4, "job_state": "SIGNALING"},
+            ]
+        }
+    )
+    assert [(j.state, j.held) for j in jobs] == [
+        ("PENDING", True),
+        ("PENDING", False),
+        ("RUNNING", False),
+        ("RUNNING", False),
+    ]

@@ -22,24 +22,14 @@ from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
-from hpcorch.errors import HpcorchError
-from hpcorch.paths import state_dir
+from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
-from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.cluster import SlurmCluster
+from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import parse_comment
 from hpcorch.status import fmt_duration, render_table
-
-STATE_DB = "state.db"
-
-
-def controller_dir(given: str | None) -> Path:
-    if given:
-        return Path(given).expanduser().resolve()
-    env = os.environ.get("HPCORCH_CONTROLLER_DIR")
-    return Path(env).expanduser().resolve() if env else state_dir() / "controller"
-
 
 state_dir_option = click.option(
     "--state-dir",
@@ -140,7 +130,7 @@ def controller(
             store = Store(directory / STATE_DB)
             cluster = SlurmCluster(reservation)
             if nodes is None:
-                part = partition or SlurmCLI().partitions()[1]
+                part = partition or cluster.backend.partitions()[1]
                 nodes = ",".join(
                     n.name for n in cluster.backend.nodes() if part in n.partitions and n.gpus
                 )
@@ -247,8 +237,8 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
     """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
     if (gpus is None) == (not auto):
         raise click.UsageError("give either --gpus N or --auto")
-    backend = SlurmCLI()
     try:
+        backend = make_backend()
         job = next((j for j in backend.jobs() if j.job_id == job_id), None)
         if job is None:
             raise HpcorchError(f"no job {job_id} in Slurm")
@@ -259,7 +249,15 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
         if gpus is not None:
             fields["pin"] = str(gpus)
         comment = f"{JOB_COMMENT_TAG}:" + ",".join(f"{k}={v}" for k, v in fields.items())
-        backend.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+        try:
+            backend.set_comment(job_id, comment)
+        except SlurmCommandError as exc:
+            text = str(exc).lower()
+            if "invalid user id" in text or "denied" in text or "not authorized" in text:
+                raise HpcorchError(
+                    f"job {job_id} is not yours: Slurm refused the change ({exc})"
+                ) from exc
+            raise
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
     what = f"pinned to {gpus} GPUs" if gpus else "unpinned"

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import click
 
-from hpcorch.cli.controller import STATE_DB, controller_dir
-from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
-from hpcorch.slurm.backend import SlurmCLI
+from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import SpecError, check_name, check_time, parse_comment
 from hpcorch.status import Managed, job_rows, pool_rows, render_status, status_document
 from hpcorch.submit import SubmitRequest
@@ -103,7 +102,7 @@ def submit(
         app=app,
     )
     try:
-        result = submit_job(req, SlurmCLI(), dry_run=dry_run)
+        result = submit_job(req, make_backend(), dry_run=dry_run)
     except HpcorchError as exc:
         raise _fail(exc) from exc
     if dry_run:
@@ -141,6 +140,8 @@ def _managed(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | Non
     path = controller_dir(state_dir) / STATE_DB
     if not path.exists():
         return {}, None
+    from hpcorch.controller.store import Store  # only when a controller's state is there
+
     try:
         store = Store(path, readonly=True)
         found = {
@@ -163,8 +164,8 @@ def _managed(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | Non
 
 
 def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
-    backend = SlurmCLI()
     try:
+        backend = make_backend()
         jobs = backend.jobs()
         nodes = backend.nodes()
         _, default = backend.partitions()
@@ -184,8 +185,8 @@ def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
 @click.argument("job_id", type=click.IntRange(min=1))
 def cancel(job_id: int) -> None:
     """Cancel hpcorch job JOB_ID (its Slurm job id)."""
-    backend = SlurmCLI()
     try:
+        backend = make_backend()
         job = next((j for j in backend.jobs() if j.job_id == job_id), None)
         if job is None:
             raise HpcorchError(f"no job {job_id} in Slurm")

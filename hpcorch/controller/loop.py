@@ -166,6 +166,7 @@ class Controller:
             phase=phase,
             phase_since=now,
             target_gpus=j.gpus if phase in ("running", "starting") else 0,
+            slurm_restarts=j.restarts,
             reason="adopted" if phase != "queued" else "waiting for GPUs",
         )
         if phase == "starting" and not rec.target_gpus:

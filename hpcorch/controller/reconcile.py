@@ -101,6 +101,7 @@ def observe(
     if rec.phase == "running" and rec.gpus:
         span = max(0.0, now - max(rec.phase_since, rec.started_at))
         rec.run_seconds = max(rec.run_seconds, span)
+    restarts_before = rec.slurm_restarts
     if job.state == "CANCELLED":
         _set_phase(rec, "cancelled", now, "cancelled")
         rec.finished_at = now
@@ -116,6 +117,7 @@ def observe(
         _pending(rec, job, now, pool_nodes, out)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
         _running(rec, job, now, s, out)
+    rec.slurm_restarts = max(restarts_before, job.restarts)
     return out
 
 
@@ -212,6 +214,13 @@ def _relaunch_from_held(
 
 
 def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
+    if rec.phase == "running" and job.restarts > rec.slurm_restarts:
+        # requeued and started again by Slurm between two cycles (a node failure)
+        rec.launches += 1
+        rec.ready = 0
+        _set_phase(rec, "running", now, f"relaunched by Slurm (restart {job.restarts})")
+        rec.phase_since = now
+        out.events.append(f"requeued: by Slurm and running again, restart {job.restarts}")
     if rec.phase in ("queued", "starting"):
         rec.launches += 1
         rec.started_at = rec.started_at or now

@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS jobs(
     samples_per_s REAL NOT NULL DEFAULT 0, exit_code INTEGER NOT NULL DEFAULT 0,
     signalled_at REAL NOT NULL DEFAULT 0, epoch INTEGER NOT NULL DEFAULT 0,
     epochs INTEGER NOT NULL DEFAULT 0, steps_per_epoch REAL NOT NULL DEFAULT 0,
-    target_batch INTEGER NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0
+    target_batch INTEGER NOT NULL DEFAULT 0, ready INTEGER NOT NULL DEFAULT 0,
+    slurm_restarts INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS decisions(
     id INTEGER PRIMARY KEY, time REAL NOT NULL, slurm_id INTEGER NOT NULL,
@@ -121,6 +122,8 @@ class JobRecord:
     """Global batch the policy chose for the next launch."""
     ready: int = 0
     """1 once the current launch reported that training started (it can checkpoint)."""
+    slurm_restarts: int = 0
+    """Slurm's restart count of the job when last seen."""
 
     @property
     def active(self) -> bool:

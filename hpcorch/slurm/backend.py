@@ -1,7 +1,10 @@
-"""The one IO seam to Slurm. ``SlurmCLI`` drives sbatch/squeue/sinfo/scontrol/scancel.
+"""The one IO seam to Slurm: the ``SlurmBackend`` interface and ``SlurmCLI``, which drives
+sbatch/squeue/sinfo/scontrol/scancel.
 
 Every call is one subprocess with an argument list (never a shell), a timeout, and a
-one-line error naming the command and Slurm's own message.
+one-line error naming the command and Slurm's own message. The other backend,
+``PySlurmBackend`` (hpcorch/slurm/pyslurm_backend.py), talks to slurmctld through pyslurm;
+``hpcorch.slurm.factory.make_backend`` picks one.
 """
 
 from __future__ import annotations
@@ -17,16 +20,51 @@ from typing import Any, Protocol
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
 
+_NODES_RE = re.compile(r"\bNodes=(\S+)")
+
 
 class SlurmBackend(Protocol):
-    """What hpcorch needs from Slurm."""
+    """What hpcorch needs from Slurm. Failures raise ``SlurmCommandError`` carrying
+    Slurm's own message, or ``SlurmUnavailable`` when slurmctld cannot be reached."""
 
-    def submit(self, script: str, args: Sequence[str] = ()) -> int: ...
+    @property
+    def calls(self) -> int:
+        """Requests sent to Slurm so far (commands run or RPCs made)."""
+        ...
+
+    # queries
     def jobs(self) -> list[SlurmJob]: ...
     def nodes(self) -> list[SlurmNode]: ...
     def partitions(self) -> tuple[list[str], str | None]: ...
-    def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None: ...
     def reservations(self) -> dict[str, list[str]]: ...
+    def reservation_nodes(self, name: str) -> list[str]:
+        """The nodes of reservation ``name`` ([] if it has none); an error naming
+        "not found" if there is no such reservation."""
+        ...
+
+    # actions
+    def submit(self, script: str, args: Sequence[str] = ()) -> int: ...
+    def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None: ...
+    def set_shape(
+        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+    ) -> None:
+        """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
+        given (an empty list clears a previous node list)."""
+        ...
+
+    def start_now(self, job_id: int) -> None:
+        """Let a pending job start at once (StartTime=now)."""
+        ...
+
+    def set_comment(self, job_id: int, comment: str) -> None: ...
+    def hold(self, job_id: int) -> None: ...
+    def release(self, job_id: int) -> None: ...
+    def requeue_hold(self, job_id: int) -> None: ...
+    def create_reservation(
+        self, name: str, nodes: str, users: str, partition: str | None = None
+    ) -> None:
+        """An open-ended reservation of ``nodes`` for ``users`` that ignores running jobs."""
+        ...
 
 
 class SlurmCLI:
@@ -37,6 +75,7 @@ class SlurmCLI:
         self.env = dict(os.environ if env is None else env)
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
+        self._nodes_argv = ["sinfo", "--json"]
 
     # --- plumbing -----------------------------------------------------------------------
     def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
@@ -86,9 +125,10 @@ class SlurmCLI:
         return parse_squeue(self._json(["squeue", "--json"]))
 
     def nodes(self) -> list[SlurmNode]:
-        doc = self._json(["sinfo", "--json"])
+        doc = self._json(self._nodes_argv)
         if "nodes" not in doc:  # 23.11+ groups sinfo output; scontrol has the flat list
-            doc = self._json(["scontrol", "show", "nodes", "--json"])
+            self._nodes_argv = ["scontrol", "show", "nodes", "--json"]  # from now on
+            doc = self._json(self._nodes_argv)
         return parse_nodes(doc)
 
     def partitions(self) -> tuple[list[str], str | None]:
@@ -109,6 +149,13 @@ class SlurmCLI:
                 nodes = fields.get("Nodes", "")
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
+
+    def reservation_nodes(self, name: str) -> list[str]:
+        out = self.scontrol("show", "reservation", name)
+        m = _NODES_RE.search(out)
+        if not m or m.group(1) == "(null)":
+            return []
+        return self.scontrol("show", "hostnames", m.group(1)).split()
 
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
@@ -133,7 +180,51 @@ class SlurmCLI:
             argv.append("--batch")
         self.run([*argv, str(job_id)])
 
+    def set_shape(
+        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+    ) -> None:
+        self.scontrol(
+            "update",
+            f"jobid={job_id}",
+            f"NumNodes={nodes}-{nodes}",
+            f"TresPerNode=gres:gpu:{gpus_per_node}",
+            f"ReqNodeList={','.join(node_names)}",
+        )
+
+    def start_now(self, job_id: int) -> None:
+        self.scontrol("update", f"jobid={job_id}", "StartTime=now")
+
+    def set_comment(self, job_id: int, comment: str) -> None:
+        self.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+
+    def hold(self, job_id: int) -> None:
+        self.scontrol("hold", str(job_id))
+
+    def release(self, job_id: int) -> None:
+        self.scontrol("release", str(job_id))
+
+    def requeue_hold(self, job_id: int) -> None:
+        self.scontrol("requeuehold", str(job_id))
+
+    def create_reservation(
+        self, name: str, nodes: str, users: str, partition: str | None = None
+    ) -> None:
+        args = [
+            "create",
+            "reservation",
+            f"ReservationName={name}",
+            f"Nodes={nodes}",
+            f"Users={users}",
+            "StartTime=now",
+            "Duration=infinite",
+            "Flags=IGNORE_JOBS",
+        ]
+        if partition:
+            args.append(f"PartitionName={partition}")
+        self.scontrol(*args)
+
     def scontrol(self, *args: str) -> str:
+        """Any scontrol command (arguments as a list, never through a shell)."""
         return self.run(["scontrol", *args])
 
 

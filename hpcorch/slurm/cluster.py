@@ -1,7 +1,9 @@
-"""The Slurm side of the cluster seam: a reservation's nodes and jobs, actions via scontrol.
+"""The Slurm side of the cluster seam: a reservation's nodes and jobs, actions through a
+``SlurmBackend`` (Slurm's commands by default, or pyslurm).
 
-A cycle's observation costs two Slurm calls (``squeue --json``, ``sinfo --json``), plus
-one ``scontrol show reservation`` every ``reservation_ttl`` seconds. Jobs are filtered
+With the command-line backend a cycle's observation costs two Slurm calls
+(``squeue --json``, ``sinfo --json``), plus ``scontrol show reservation`` and
+``scontrol show hostnames`` every ``reservation_ttl`` seconds. Jobs are filtered
 client-side: Slurm 22.05's ``--json`` ignores filters.
 """
 
@@ -9,9 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,9 @@ from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE, PLAN_FILE
-from hpcorch.slurm.backend import SlurmCLI, expand_nodelist
+from hpcorch.slurm.backend import SlurmBackend, expand_nodelist
+from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import parse_comment
-
-_NODES_RE = re.compile(r"\bNodes=(\S+)")
 
 
 class SlurmCluster:
@@ -31,12 +31,12 @@ class SlurmCluster:
     def __init__(
         self,
         reservation: str,
-        backend: SlurmCLI | None = None,
+        backend: SlurmBackend | None = None,
         reservation_ttl: float = 60.0,
         signal: str = CHECKPOINT_SIGNAL,
     ) -> None:
         self.reservation = reservation
-        self.backend = backend or SlurmCLI()
+        self.backend = backend or make_backend()
         self.signal = signal
         self.reservation_ttl = reservation_ttl
         self._pool_nodes: tuple[str, ...] = ()
@@ -52,11 +52,9 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            out = self.backend.scontrol("show", "reservation", self.reservation)
-            m = _NODES_RE.search(out)
-            if not m or m.group(1) == "(null)":
+            names = self.backend.reservation_nodes(self.reservation)
+            if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
-            names = self.backend.scontrol("show", "hostnames", m.group(1)).split()
             self._pool_nodes = tuple(names)
             self._pool_read_at = time.monotonic()
         return self._pool_nodes
@@ -69,19 +67,7 @@ class SlurmCluster:
         except SlurmCommandError as exc:
             if "not found" not in str(exc).lower() and "invalid" not in str(exc).lower():
                 raise
-        args = [
-            "create",
-            "reservation",
-            f"ReservationName={self.reservation}",
-            f"Nodes={nodes}",
-            f"Users={users}",
-            "StartTime=now",
-            "Duration=infinite",
-            "Flags=IGNORE_JOBS",
-        ]
-        if partition:
-            args.append(f"PartitionName={partition}")
-        self.backend.scontrol(*args)
+        self.backend.create_reservation(self.reservation, nodes, users, partition)
         self.reservation_nodes(refresh=True)
         return "created"
 
@@ -127,34 +113,26 @@ class SlurmCluster:
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
-        args = [
-            "update",
-            f"jobid={slurm_id}",
-            f"NumNodes={shape.nodes}-{shape.nodes}",
-            f"TresPerNode=gres:gpu:{shape.gpus_per_node}",
-        ]
-        args.append(
-            f"ReqNodeList={','.join(shape.node_names)}" if shape.node_names else "ReqNodeList="
-        )
-        self.backend.scontrol(*args)
-        self.backend.scontrol("update", f"jobid={slurm_id}", "StartTime=now")
-        self._tolerate("release", str(slurm_id), ok=("already", "not held"))
+        self.backend.set_shape(slurm_id, shape.nodes, shape.gpus_per_node, shape.node_names)
+        self.backend.start_now(slurm_id)
+        self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
 
     def hold(self, slurm_id: int) -> None:
-        self._tolerate("hold", str(slurm_id), ok=("already",))
+        self._tolerate(self.backend.hold, slurm_id, ok=("already",))
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id, signal=self.signal, batch_only=True)
 
     def requeue_hold(self, slurm_id: int) -> None:
-        self._tolerate("requeuehold", str(slurm_id), ok=("already pending",))
+        self._tolerate(self.backend.requeue_hold, slurm_id, ok=("already pending",))
 
     def cancel(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id)
 
-    def _tolerate(self, *args: str, ok: Sequence[str]) -> None:
+    @staticmethod
+    def _tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:
         try:
-            self.backend.scontrol(*args)
+            action(slurm_id)
         except SlurmCommandError as exc:
             if not any(s in str(exc).lower() for s in ok):
                 raise

@@ -1,9 +1,11 @@
 """Parse ``squeue --json`` and ``sinfo --json`` across Slurm versions. Pure functions.
 
-Slurm 22.05 emits OpenAPI v0.0.38 shapes: plain strings and integers. From 23.11 on,
-states are lists (``["RUNNING"]``), numbers are ``{"set": true, "infinite": false,
-"number": 5}`` and exit codes are ``{"status": [...], "return_code": {...}}``. Every
-accessor here accepts both.
+Slurm 22.05 emits OpenAPI v0.0.38 shapes: plain strings and integers. 23.02 (v0.0.39)
+wraps numbers in ``{"set": true, "infinite": false, "number": 5}``, the exit code
+included (still a wait(2) status). From 23.11 (v0.0.40, v0.0.41 in 24.05) states are
+lists (``["RUNNING"]``), exit codes are ``{"status": [...], "return_code": {...},
+"signal": {...}}`` and jobs carry a ``hold`` flag (24.05). Every accessor here accepts
+all of them; ``tests/fixtures/`` holds one document per version.
 """
 
 from __future__ import annotations
@@ -44,13 +46,14 @@ def _states(value: Any) -> tuple[str, ...]:
 
 
 def _exit_code(value: Any) -> int:
-    if isinstance(value, Mapping):
+    if isinstance(value, Mapping) and ("return_code" in value or "status" in value):
         rc = value.get("return_code", 0)
         signal = value.get("signal", {})
         if isinstance(signal, Mapping) and _num(signal.get("id"), 0):
             return 128 + _num(signal.get("id"), 0)
         return _num(rc, 0)
-    # 22.05 reports the raw wait(2) status: exit code in the high byte, signal in the low
+    # 22.05 (plain) and 23.02 ({"set", "number"}) report the raw wait(2) status: exit code
+    # in the high byte, signal in the low
     status = _num(value, 0)
     if status & 0x7F:
         return 128 + (status & 0x7F)
@@ -115,8 +118,31 @@ class SlurmNode:
         return bool(self.states) and not (set(self.states) & bad)
 
 
+# Flag states that Slurm may report in place of a job's base state, and that base state
+FLAG_STATES = {
+    "REQUEUE_HOLD": "PENDING",
+    "REQUEUED": "PENDING",
+    "REQUEUE_FED": "PENDING",
+    "RESV_DEL_HOLD": "PENDING",
+    "SPECIAL_EXIT": "PENDING",
+    "RESIZING": "RUNNING",
+    "SIGNALING": "RUNNING",
+    "STAGE_OUT": "COMPLETING",
+}
+HELD_FLAGS = frozenset({"REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+
+
+def _base_states(raw_states: tuple[str, ...]) -> tuple[str, ...]:
+    """Base state first: ("REQUEUE_HOLD",) -> ("PENDING", "REQUEUE_HOLD")."""
+    if not raw_states or raw_states[0] not in FLAG_STATES:
+        return raw_states
+    base = FLAG_STATES[raw_states[0]]
+    rest = tuple(x for x in raw_states if x != base)
+    return (base, *rest)
+
+
 def _job(raw: Mapping[str, Any]) -> SlurmJob:
-    states = _states(raw.get("job_state"))
+    states = _base_states(_states(raw.get("job_state")))
     tres = raw.get("tres_per_node") or ""
     if not isinstance(tres, str):
         tres = ",".join(str(t) for t in tres)
@@ -125,6 +151,9 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         node_count = 1
     reason = str(raw.get("state_reason") or "")
     priority = _num(raw.get("priority"), 1)
+    hold = raw.get("hold")
+    held = hold if isinstance(hold, bool) else priority == 0
+    held = held or bool(HELD_FLAGS & set(states))
     return SlurmJob(
         job_id=_num(raw.get("job_id")),
         name=str(raw.get("name") or ""),
@@ -144,7 +173,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         exit_code=_exit_code(raw.get("exit_code")),
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
-        held=priority == 0 and "PENDING" in states,
+        held=held and "PENDING" in states,
     )
 
 

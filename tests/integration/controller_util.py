@@ -15,6 +15,8 @@ from hpcorch.controller.store import Store
 from tests.conftest import REPO, Pool
 
 ELASTIC = REPO / "examples" / "train_elastic.py"
+FAST = ("--interval", "1", "--round", "2", "--min-run", "4", "--grace", "60")
+"""Controller settings that keep the tests short."""
 
 
 class ControllerProc:
@@ -47,6 +49,13 @@ class ControllerProc:
             stderr=open(self.log, "a"),  # noqa: SIM115
             text=True,
         )
+        proc = self.proc
+        wait_for(
+            "the controller to hold its reservation",
+            lambda: "reservation" in self.log.read_text() or proc.poll() is not None,
+            60,
+        )
+        assert proc.poll() is None, self.log.read_text()
 
     def kill9(self) -> None:
         assert self.proc is not None

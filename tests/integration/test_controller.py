@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import time
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 
 from tests.conftest import Pool
 from tests.integration.controller_util import (
+    FAST,
     ControllerProc,
     losses,
     metrics_lines,
@@ -20,20 +20,6 @@ from tests.integration.controller_util import (
 )
 
 pytestmark = pytest.mark.slurm
-
-FAST = ("--interval", "1", "--round", "2", "--min-run", "4", "--grace", "60")
-
-
-@pytest.fixture
-def env_pool(slurm_pool: Pool) -> Pool:
-    env = {**slurm_pool.env, "HPCORCH_METRICS_INTERVAL": "1", "HPCORCH_CKPT_INTERVAL": "5"}
-    # reservations left by an earlier, interrupted run would overlap the new ones
-    out = slurm_pool.run("scontrol", "-o", "show", "reservation").stdout
-    for name in re.findall(r"ReservationName=(t-\S+)", out):
-        slurm_pool.run("scancel", f"--reservation={name}", check=False)
-        time.sleep(1)
-        slurm_pool.run("scontrol", "delete", "reservation", name, check=False)
-    return Pool(slurm_pool.dir, env, slurm_pool.nodes, slurm_pool.gpus_per_node, slurm_pool.home)
 
 
 def resizes(ctl: ControllerProc, job: int) -> list[tuple[int, int]]:

@@ -1,0 +1,320 @@
+"""Slurm through pyslurm 25.11 (Slurm's C API, no subprocesses), for sites on Slurm 25.11.
+
+pyslurm is built against one Slurm release's headers and library, and its version follows
+Slurm's: pyslurm 25.11 needs Slurm 25.11. ``hpcorch.slurm.factory.make_backend`` uses this
+backend when such a pyslurm imports.
+
+Two actions still go through Slurm's commands (``SlurmCLI``), because pyslurm 25.11 does
+not express them: a job's node count cannot be changed through ``Job.modify`` (pyslurm
+applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update``; and
+reservations are created with ``scontrol create reservation`` (once, at controller start).
+
+The ``*_from_pyslurm`` and ``submit_options`` functions are pure mappings from pyslurm
+objects (read through their documented attributes) to hpcorch's types.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal as signals
+import time
+from collections.abc import Callable, Mapping, Sequence
+from types import ModuleType
+from typing import Any, TypeVar
+
+from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpus_in
+
+T = TypeVar("T")
+
+_PENDING_FLAGS = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"}
+"""pyslurm reports a job's state flag in place of its base state; these flags only occur
+on pending jobs (Slurm 23.11+'s JSON lists them after PENDING)."""
+_RUNNING_FLAGS = {"CONFIGURING", "RESIZING", "SIGNALING", "POWER_UP_NODE"}
+
+# sbatch option -> JobSubmitDescription attribute, for the options hpcorch's batch script
+# renderer writes (hpcorch/slurm/script.py) and the usual extras an admin may add.
+_SUBMIT_OPTIONS: dict[str, str] = {
+    "job-name": "name",
+    "nodes": "nodes",
+    "gres": "gres_per_node",
+    "cpus-per-gpu": "cpus_per_gpu",
+    "cpus-per-task": "cpus_per_task",
+    "ntasks-per-node": "ntasks_per_node",
+    "partition": "partitions",
+    "reservation": "reservations",
+    "time": "time_limit",
+    "output": "standard_output",
+    "error": "standard_error",
+    "open-mode": "log_files_open_mode",
+    "signal": "signal",
+    "comment": "comment",
+    "account": "account",
+    "qos": "qos",
+    "chdir": "working_directory",
+    "nodelist": "required_nodes",
+    "exclude": "excluded_nodes",
+    "constraint": "constraints",
+    "mem": "memory_per_node",
+}
+_SUBMIT_FLAGS: dict[str, tuple[str, Any]] = {
+    "hold": ("priority", 0),
+    "requeue": ("is_requeueable", True),
+    "no-requeue": ("is_requeueable", False),
+}
+_LIST_ATTRS = {"partitions", "reservations", "required_nodes", "excluded_nodes"}
+
+
+def gpus_in_gres(value: Any) -> int:
+    """GPUs in a pyslurm GRES value: a dict such as ``{"gpu": 4}``,
+    ``{"gpu:a100": {"count": 2, "indexes": "0-1"}}``, or a Slurm GRES/TRES string."""
+    if value is None:
+        return 0
+    if isinstance(value, str):
+        return gpus_in(value)
+    if not isinstance(value, Mapping):
+        return 0
+    total = 0
+    for key, count in value.items():
+        name = str(key).removeprefix("gres/").removeprefix("gres:")
+        if name != "gpu" and not name.startswith("gpu:"):
+            continue
+        if isinstance(count, Mapping):
+            count = count.get("count", 0)
+        try:
+            total += int(count)
+        except (TypeError, ValueError):
+            continue
+    return total
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value) if value is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+def _str(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def base_state(state: str) -> str:
+    """The job's base state from pyslurm's state string (which names a flag when set)."""
+    state = state.upper() or "UNKNOWN"
+    if state in _PENDING_FLAGS:
+        return "PENDING"
+    if state in _RUNNING_FLAGS:
+        return "RUNNING"
+    return state
+
+
+def job_from_pyslurm(job: Any) -> SlurmJob:
+    """A ``pyslurm.Job`` as hpcorch's ``SlurmJob`` (same values ``squeue --json`` gives)."""
+    state = base_state(_str(job.state))
+    reason = _str(job.state_reason)
+    signal = _int(getattr(job, "exit_code_signal", 0))
+    node_count = _int(job.num_nodes)
+    nodes = _str(job.allocated_nodes)
+    if not node_count and nodes:
+        node_count = 1
+    return SlurmJob(
+        job_id=_int(job.id),
+        name=_str(job.name),
+        user=_str(job.user_name) or _str(job.user_id),
+        state=state,
+        reason="None" if reason in ("", "None") else reason,
+        partition=_str(job.partition),
+        nodes=nodes,
+        node_count=node_count,
+        gpus_per_node=gpus_in_gres(job.gres_per_node),
+        comment=_str(job.comment),
+        submit_time=_int(job.submit_time),
+        start_time=_int(job.start_time),
+        end_time=_int(job.end_time),
+        time_limit_min=_int(job.time_limit),
+        restarts=_int(job.requeue_count),
+        exit_code=128 + signal if signal else _int(job.exit_code),
+        work_dir=_str(job.working_directory),
+        reservation=_str(job.reservation),
+        held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+    )
+
+
+def node_from_pyslurm(node: Any) -> SlurmNode:
+    """A ``pyslurm.Node`` as hpcorch's ``SlurmNode``."""
+    # state is Slurm's complete string, e.g. "IDLE+DRAIN" or "MIXED+NOT_RESPONDING"
+    states = tuple(s for s in _str(node.state).upper().split("+") if s)
+    return SlurmNode(
+        name=_str(node.name),
+        address=_str(node.address),
+        states=states,
+        partitions=tuple(str(p) for p in node.partitions or ()),
+        cpus=_int(node.total_cpus),
+        gpus=gpus_in_gres(node.configured_gres),
+        gpus_used=gpus_in_gres(node.alloc_gres),
+        reason=_str(node.reason),
+    )
+
+
+def _signal_name(sig: str) -> str:
+    """ "USR2" -> "SIGUSR2" (pyslurm resolves names through Python's signal module)."""
+    if sig.isdigit():
+        return signals.Signals(int(sig)).name
+    return sig if sig.upper().startswith("SIG") else f"SIG{sig.upper()}"
+
+
+def submit_options(script: str, args: Sequence[str] = ()) -> dict[str, Any]:
+    """``JobSubmitDescription`` keyword arguments for a batch script given as text and
+    extra sbatch options (which, as with sbatch, win over the script's ``#SBATCH`` lines).
+    An option this mapping does not know is an error, never silently dropped."""
+    options: list[str] = list(args)
+    for line in script.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#SBATCH"):
+            option = stripped[len("#SBATCH") :].strip()
+            if option:
+                options.append(option)
+        elif stripped and not stripped.startswith("#"):
+            break  # sbatch stops reading options at the first command
+    out: dict[str, Any] = {"script": script}
+    seen: set[str] = set()
+    for opt in options:
+        if not opt.startswith("--"):
+            raise SlurmCommandError(f"pyslurm backend: use long sbatch options, not {opt!r}")
+        name, has_value, value = opt[2:].partition("=")
+        if name in _SUBMIT_FLAGS and not has_value:
+            flag_attr, flag_value = _SUBMIT_FLAGS[name]
+            if flag_attr not in seen:
+                out[flag_attr] = flag_value
+                seen.add(flag_attr)
+            continue
+        attr = _SUBMIT_OPTIONS.get(name, "")
+        if not attr or not has_value:
+            known = sorted([*_SUBMIT_OPTIONS, *_SUBMIT_FLAGS])
+            raise SlurmCommandError(
+                f"pyslurm backend cannot submit sbatch option '--{name}' "
+                f"(supported: {', '.join(known)}; or set HPCORCH_SLURM_BACKEND=cli)"
+            )
+        if attr in seen:
+            continue  # the first occurrence wins: command-line args come first
+        seen.add(attr)
+        if attr in _LIST_ATTRS:
+            out[attr] = [v for v in value.split(",") if v]
+        elif attr == "signal":
+            flags, _, rest = value.rpartition(":")
+            sig, at, when = rest.partition("@")
+            out[attr] = f"{flags + ':' if flags else ''}{_signal_name(sig)}{at}{when}"
+        else:
+            out[attr] = value
+    return out
+
+
+class PySlurmBackend:
+    """Slurm through pyslurm 25.11 (see the module docstring for what still uses scontrol)."""
+
+    def __init__(self, module: ModuleType | None = None, cli: SlurmCLI | None = None) -> None:
+        self.pyslurm: Any = module if module is not None else importlib.import_module("pyslurm")
+        self.cli = cli or SlurmCLI()
+        self._rpcs = 0
+
+    @property
+    def calls(self) -> int:
+        """RPCs made through pyslurm plus Slurm commands run."""
+        return self._rpcs + self.cli.calls
+
+    def _rpc(self, what: str, fn: Callable[[], T]) -> T:
+        self._rpcs += 1
+        rpc_error = getattr(self.pyslurm, "RPCError", None)
+        errors: tuple[type[BaseException], ...] = (ValueError,)
+        if isinstance(rpc_error, type) and issubclass(rpc_error, BaseException):
+            errors = (rpc_error, ValueError)
+        try:
+            return fn()
+        except errors as exc:
+            lines = str(exc).strip().splitlines()
+            msg = lines[0] if lines else type(exc).__name__
+            if _unreachable(msg):
+                raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
+            raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
+
+    @staticmethod
+    def _values(collection: Any) -> list[Any]:
+        return list(collection.values() if hasattr(collection, "values") else collection)
+
+    # --- queries ------------------------------------------------------------------------
+    def jobs(self) -> list[SlurmJob]:
+        coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
+        return [job_from_pyslurm(j) for j in self._values(coll)]
+
+    def nodes(self) -> list[SlurmNode]:
+        coll = self._rpc("Nodes.load", lambda: self.pyslurm.Nodes.load())
+        return [node_from_pyslurm(n) for n in self._values(coll)]
+
+    def partitions(self) -> tuple[list[str], str | None]:
+        coll = self._rpc("Partitions.load", lambda: self.pyslurm.Partitions.load())
+        parts = list(self._values(coll))
+        default = next((_str(p.name) for p in parts if getattr(p, "is_default", False)), None)
+        return sorted(_str(p.name) for p in parts), default
+
+    def reservations(self) -> dict[str, list[str]]:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        return {
+            _str(r.name): expand_nodelist(_str(r.nodes)) if r.nodes else []
+            for r in self._values(coll)
+        }
+
+    def reservation_nodes(self, name: str) -> list[str]:
+        found = self.reservations()
+        if name not in found:
+            raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+        return found[name]
+
+    # --- actions ------------------------------------------------------------------------
+    def submit(self, script: str, args: Sequence[str] = ()) -> int:
+        desc = self.pyslurm.JobSubmitDescription(**submit_options(script, args))
+        return int(self._rpc("submit", desc.submit))
+
+    def _job(self, job_id: int) -> Any:
+        return self.pyslurm.Job(job_id)
+
+    def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None:
+        job = self._job(job_id)
+        if signal:
+            steps = "batch" if batch_only else "children"
+            self._rpc("send_signal", lambda: job.send_signal(_signal_name(signal), steps=steps))
+        else:
+            self._rpc("cancel", job.cancel)
+
+    def _modify(self, job_id: int, **changes: Any) -> None:
+        desc = self.pyslurm.JobSubmitDescription(**changes)
+        job = self._job(job_id)
+        self._rpc("modify", lambda: job.modify(desc))
+
+    def set_shape(
+        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+    ) -> None:
+        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names)
+
+    def start_now(self, job_id: int) -> None:
+        self._modify(job_id, begin_time=int(time.time()))
+
+    def set_comment(self, job_id: int, comment: str) -> None:
+        self._modify(job_id, comment=comment)
+
+    def hold(self, job_id: int) -> None:
+        job = self._job(job_id)
+        self._rpc("hold", lambda: job.hold())
+
+    def release(self, job_id: int) -> None:
+        self._rpc("release", self._job(job_id).release)
+
+    def requeue_hold(self, job_id: int) -> None:
+        job = self._job(job_id)
+        self._rpc("requeue", lambda: job.requeue(hold=True))
+
+    def create_reservation(
+        self, name: str, nodes: str, users: str, partition: str | None = None
+    ) -> None:
+        self.cli.create_reservation(name, nodes, users, partition)

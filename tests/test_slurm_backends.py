@@ -1,0 +1,430 @@
+"""The two Slurm backends behind one interface.
+
+SlurmCLI: the exact command lines of its job and reservation actions (commands are
+recorded, not run; the integration tests run them against real Slurm). make_backend():
+which backend the environment selects, and its error. PySlurmBackend: pure mapping logic
+only, against a small fake ``pyslurm`` module injected through sys.modules, written from
+pyslurm 25.11's documented API; no real pyslurm or Slurm 25.11 is involved.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from hpcorch.cli import main
+from hpcorch.cluster import Shape
+from hpcorch.errors import HpcorchError, SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.backend import SlurmCLI
+from hpcorch.slurm.cluster import SlurmCluster
+from hpcorch.slurm.factory import make_backend
+from hpcorch.slurm.parse import SlurmJob, SlurmNode
+from hpcorch.slurm.pyslurm_backend import PySlurmBackend, submit_options
+
+GOLDEN = Path(__file__).parent / "golden" / "batch_script.sbatch"
+
+
+class RecordingCLI(SlurmCLI):
+    def __init__(self, answers: dict[tuple[str, ...], str] | None = None) -> None:
+        super().__init__()
+        self.argv: list[list[str]] = []
+        self.answers = answers or {}
+        self.fail: dict[str, str] = {}
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        self.calls += 1
+        self.argv.append(list(argv))
+        if argv[1] in self.fail:
+            raise SlurmCommandError(f"scontrol failed: {self.fail[argv[1]]}")
+        return self.answers.get(tuple(argv), "")
+
+
+def test_cli_actions_are_the_scontrol_commands() -> None:
+    cli = RecordingCLI()
+    cli.set_shape(12, 2, 4, ["n1", "n2"])
+    cli.set_shape(12, 1, 2)
+    cli.start_now(12)
+    cli.set_comment(12, "hpcorch:id=a b,min=1")
+    cli.hold(12)
+    cli.release(12)
+    cli.requeue_hold(12)
+    cli.create_reservation("pool", "n[1-4]", "alice", "gpu")
+    cli.cancel(12, signal="USR2", batch_only=True)
+    assert cli.argv == [
+        ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerNode=gres:gpu:4",
+         "ReqNodeList=n1,n2"],
+        ["scontrol", "update", "jobid=12", "NumNodes=1-1", "TresPerNode=gres:gpu:2",
+         "ReqNodeList="],
+        ["scontrol", "update", "jobid=12", "StartTime=now"],
+        ["scontrol", "update", "jobid=12", "Comment=hpcorch:id=a b,min=1"],
+        ["scontrol", "hold", "12"],
+        ["scontrol", "release", "12"],
+        ["scontrol", "requeuehold", "12"],
+        ["scontrol", "create", "reservation", "ReservationName=pool", "Nodes=n[1-4]",
+         "Users=alice", "StartTime=now", "Duration=infinite", "Flags=IGNORE_JOBS",
+         "PartitionName=gpu"],
+        ["scancel", "--signal=USR2", "--batch", "12"],
+    ]  # fmt: skip
+
+
+def test_cli_reservation_nodes() -> None:
+    cli = RecordingCLI(
+        {
+            ("scontrol", "show", "reservation", "pool"): "ReservationName=pool Nodes=n[1-2] U",
+            ("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n",
+            ("scontrol", "show", "reservation", "empty"): "ReservationName=empty Nodes=(null)",
+        }
+    )
+    assert cli.reservation_nodes("pool") == ["n1", "n2"]
+    assert cli.reservation_nodes("empty") == []
+
+
+def test_cluster_start_tolerates_a_job_not_held() -> None:
+    cli = RecordingCLI({("scontrol", "show", "reservation", "pool"): "Nodes=n1"})
+    cli.fail["release"] = "Job is not held"
+    cluster = SlurmCluster("pool", backend=cli)
+    cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    assert [a[1] for a in cli.argv] == ["update", "update", "release"]
+    cli.fail["release"] = "Invalid job id specified"
+    with pytest.raises(SlurmCommandError, match="Invalid job id"):
+        cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+
+
+# --- make_backend --------------------------------------------------------------------
+
+
+class FakeJob:
+    """Attributes as pyslurm 25.11's ``pyslurm.Job`` documents them."""
+
+    def __init__(self, job_id: int, log: list[tuple[Any, ...]] | None = None, **kw: Any) -> None:
+        self.id = job_id
+        self.log = log if log is not None else []
+        defaults: dict[str, Any] = dict(
+            name="train",
+            user_name="alice",
+            user_id=1000,
+            state="RUNNING",
+            state_reason="None",
+            partition="gpu",
+            allocated_nodes="n[1-2]",
+            num_nodes=2,
+            gres_per_node={"gpu": 4},
+            comment="hpcorch:id=x,min=4,max=8",
+            submit_time=1700000000,
+            start_time=1700000010,
+            end_time=1700003610,
+            time_limit=60,
+            requeue_count=1,
+            exit_code=0,
+            exit_code_signal=0,
+            working_directory="/home/alice",
+            reservation="pool",
+            priority=4294901756,
+        )
+        defaults.update(kw)
+        self.__dict__.update(defaults)
+
+    def send_signal(self, signal: Any, steps: str = "children", hurry: bool = False) -> None:
+        self.log.append(("send_signal", self.id, signal, steps))
+
+    def cancel(self) -> None:
+        self.log.append(("cancel", self.id))
+
+    def modify(self, changes: Any) -> None:
+        self.log.append(("modify", self.id, changes.kw))
+
+    def hold(self, mode: str | None = None) -> None:
+        self.log.append(("hold", self.id))
+
+    def release(self) -> None:
+        self.log.append(("release", self.id))
+
+    def requeue(self, hold: bool = False) -> None:
+        self.log.append(("requeue", self.id, hold))
+
+
+class Obj:
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def fake_pyslurm(version: str = "25.11.0") -> types.ModuleType:
+    mod = types.ModuleType("pyslurm")
+    log: list[tuple[Any, ...]] = []
+    jobs = {
+        7: FakeJob(7, log),
+        8: FakeJob(
+            8,
+            log,
+            state="REQUEUE_HOLD",
+            state_reason="JobHeldUser",
+            allocated_nodes=None,
+            num_nodes=1,
+            gres_per_node={"gpu:a100": 2},
+            priority=0,
+            exit_code=0,
+            exit_code_signal=15,
+            time_limit=None,
+        ),
+    }
+    nodes = {
+        "n1": Obj(
+            name="n1",
+            address="10.0.0.1",
+            state="MIXED",
+            partitions=["gpu"],
+            total_cpus=64,
+            configured_gres={"gpu:a100": 4},
+            alloc_gres={"gpu:a100": {"count": 2, "indexes": "0-1"}},
+            reason=None,
+        ),
+        "n2": Obj(
+            name="n2",
+            address="10.0.0.2",
+            state="IDLE+DRAIN",
+            partitions=["gpu", "debug"],
+            total_cpus=64,
+            configured_gres={"gpu": 4},
+            alloc_gres={},
+            reason="bad gpu",
+        ),
+    }
+
+    class RPCError(Exception):
+        pass
+
+    class JobSubmitDescription:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+        def submit(self) -> int:
+            log.append(("submit", self.kw))
+            return 99
+
+    class Collection:
+        def __init__(self, items: dict[Any, Any]) -> None:
+            self.items = items
+
+        def values(self) -> Any:
+            return self.items.values()
+
+    class MissingJob(FakeJob):
+        def release(self) -> None:
+            raise RPCError("Invalid job id specified")
+
+    def job_factory(job_id: int) -> FakeJob:  # pyslurm.Job(id) makes no RPC
+        return MissingJob(job_id, log) if job_id == 404 else FakeJob(job_id, log)
+
+    mod.__version__ = version  # type: ignore[attr-defined]
+    mod.RPCError = RPCError  # type: ignore[attr-defined]
+    mod.JobSubmitDescription = JobSubmitDescription  # type: ignore[attr-defined]
+    mod.Job = job_factory  # type: ignore[attr-defined]
+    mod.Jobs = Obj(load=lambda: Collection(jobs))  # type: ignore[attr-defined]
+    mod.Nodes = Obj(load=lambda: Collection(nodes))  # type: ignore[attr-defined]
+    mod.Partitions = Obj(  # type: ignore[attr-defined]
+        load=lambda: Collection(
+            {"gpu": Obj(name="gpu", is_default=True), "debug": Obj(name="debug")}
+        )
+    )
+    mod.Reservations = Obj(  # type: ignore[attr-defined]
+        load=lambda: Collection({"pool": Obj(name="pool", nodes="n[1-2]")})
+    )
+    mod.log = log  # type: ignore[attr-defined]
+    return mod
+
+
+@pytest.fixture
+def pyslurm_module(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
+    mod = fake_pyslurm()
+    monkeypatch.setitem(sys.modules, "pyslurm", mod)
+    monkeypatch.delenv("HPCORCH_SLURM_BACKEND", raising=False)
+    yield mod
+
+
+def test_make_backend_without_pyslurm_is_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", None)  # import fails
+    assert isinstance(make_backend({}), SlurmCLI)
+    assert isinstance(make_backend({"HPCORCH_SLURM_BACKEND": "cli"}), SlurmCLI)
+    with pytest.raises(HpcorchError) as err:
+        make_backend({"HPCORCH_SLURM_BACKEND": "pyslurm"})
+    msg = str(err.value)
+    assert "pyslurm cannot be imported" in msg and "valid: cli, pyslurm" in msg
+    assert "\n" not in msg
+    with pytest.raises(HpcorchError, match=r"'slurmrestd' is not a Slurm backend \(valid"):
+        make_backend({"HPCORCH_SLURM_BACKEND": "slurmrestd"})
+
+
+def test_make_backend_picks_pyslurm_when_it_imports(pyslurm_module: types.ModuleType) -> None:
+    assert isinstance(make_backend({}), PySlurmBackend)
+    assert isinstance(make_backend({"HPCORCH_SLURM_BACKEND": "pyslurm"}), PySlurmBackend)
+    assert isinstance(make_backend({"HPCORCH_SLURM_BACKEND": "cli"}), SlurmCLI)
+
+
+def test_make_backend_refuses_an_old_pyslurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", fake_pyslurm("24.5.1"))
+    assert isinstance(make_backend({}), SlurmCLI)
+    with pytest.raises(HpcorchError, match=r"pyslurm 24\.5\.1 is older than 25\.11"):
+        make_backend({"HPCORCH_SLURM_BACKEND": "pyslurm"})
+
+
+def test_cli_reports_a_bad_backend_choice_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyslurm", None)
+    monkeypatch.setenv("HPCORCH_SLURM_BACKEND", "pyslurm")
+    for args in (["status"], ["cancel", "3"], ["resize", "3", "--gpus", "2"]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.stderr
+        lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "HPCORCH_SLURM_BACKEND=pyslurm" in lines[0], lines
+
+
+# --- PySlurmBackend mapping ----------------------------------------------------------
+
+
+def test_pyslurm_jobs_map_to_slurm_jobs(pyslurm_module: types.ModuleType) -> None:
+    jobs = {j.job_id: j for j in PySlurmBackend(pyslurm_module).jobs()}
+    assert jobs[7] == SlurmJob(
+        job_id=7,
+        name="train",
+        user="alice",
+        state="RUNNING",
+        reason="None",
+        partition="gpu",
+        nodes="n[1-2]",
+        node_count=2,
+        gpus_per_node=4,
+        comment="hpcorch:id=x,min=4,max=8",
+        submit_time=1700000000,
+        start_time=1700000010,
+        end_time=1700003610,
+        time_limit_min=60,
+        restarts=1,
+        exit_code=0,
+        work_dir="/home/alice",
+        reservation="pool",
+        held=False,
+    )
+    held = jobs[8]  # a flag in place of the base state, as pyslurm reports it
+    assert (held.state, held.held, held.reason) == ("PENDING", True, "JobHeldUser")
+    assert held.nodes == "" and held.gpus == 2 and held.time_limit_min == 0
+    assert held.exit_code == 128 + 15
+
+
+def test_pyslurm_nodes_partitions_reservations(pyslurm_module: types.ModuleType) -> None:
+    backend = PySlurmBackend(pyslurm_module)
+    nodes = {n.name: n for n in backend.nodes()}
+    assert nodes["n1"] == SlurmNode(
+        name="n1",
+        address="10.0.0.1",
+        states=("MIXED",),
+        partitions=("gpu",),
+        cpus=64,
+        gpus=4,
+        gpus_used=2,
+        reason="",
+    )
+    assert nodes["n1"].usable and not nodes["n2"].usable
+    assert nodes["n2"].states == ("IDLE", "DRAIN") and nodes["n2"].gpus == 4
+    assert backend.partitions() == (["debug", "gpu"], "gpu")
+    assert backend.reservations() == {"pool": ["n1", "n2"]}
+    assert backend.reservation_nodes("pool") == ["n1", "n2"]
+    with pytest.raises(SlurmCommandError, match="not found"):
+        backend.reservation_nodes("other")
+    assert backend.calls == 5  # one RPC per query
+
+
+def test_pyslurm_actions(pyslurm_module: types.ModuleType) -> None:
+    log: list[tuple[Any, ...]] = pyslurm_module.log  # type: ignore[attr-defined]
+    cli = RecordingCLI()
+    backend = PySlurmBackend(pyslurm_module, cli=cli)
+    backend.cancel(3)
+    backend.cancel(3, signal="USR2", batch_only=True)
+    backend.cancel(3, signal="SIGTERM")
+    backend.hold(3)
+    backend.release(3)
+    backend.requeue_hold(3)
+    backend.set_comment(3, "hpcorch:id=x,pin=2")
+    backend.start_now(3)
+    assert log[:7] == [
+        ("cancel", 3),
+        ("send_signal", 3, "SIGUSR2", "batch"),
+        ("send_signal", 3, "SIGTERM", "children"),
+        ("hold", 3),
+        ("release", 3),
+        ("requeue", 3, True),
+        ("modify", 3, {"comment": "hpcorch:id=x,pin=2"}),
+    ]
+    assert log[7][:2] == ("modify", 3) and set(log[7][2]) == {"begin_time"}
+    # what pyslurm cannot change goes through scontrol
+    backend.set_shape(3, 2, 4, ["n1", "n2"])
+    backend.create_reservation("pool", "n[1-2]", "alice")
+    assert [a[:3] for a in cli.argv] == [
+        ["scontrol", "update", "jobid=3"],
+        ["scontrol", "create", "reservation"],
+    ]
+    assert backend.calls == 8 + 2
+
+
+def test_pyslurm_errors_become_one_line_hpcorch_errors(
+    pyslurm_module: types.ModuleType,
+) -> None:
+    backend = PySlurmBackend(pyslurm_module)
+    with pytest.raises(SlurmCommandError, match="pyslurm release failed: Invalid job id"):
+        backend.release(404)
+
+    def down() -> None:
+        raise pyslurm_module.RPCError("Unable to contact slurm controller (connect failure)")  # type: ignore[attr-defined]
+
+    pyslurm_module.Jobs = Obj(load=down)  # type: ignore[attr-defined]
+    with pytest.raises(SlurmUnavailable, match="not reachable"):
+        backend.jobs()
+
+
+def test_pyslurm_cluster_tolerates_like_the_cli(pyslurm_module: types.ModuleType) -> None:
+    def not_held(self: FakeJob) -> None:
+        raise pyslurm_module.RPCError("Job is not held")  # type: ignore[attr-defined]
+
+    FakeJob.release, saved = not_held, FakeJob.release  # type: ignore[method-assign]
+    try:
+        cluster = SlurmCluster("pool", backend=PySlurmBackend(pyslurm_module, cli=RecordingCLI()))
+        cluster.start(3, Shape(nodes=1, gpus_per_node=2, node_names=()))
+        assert cluster.reservation_nodes() == ("n1", "n2")
+    finally:
+        FakeJob.release = saved  # type: ignore[method-assign]
+
+
+def test_submit_options_from_the_golden_script() -> None:
+    script = GOLDEN.read_text()
+    opts = submit_options(script, ["--reservation=pool", "--partition=debug"])
+    assert opts["script"] == script
+    assert {k: v for k, v in opts.items() if k != "script"} == {
+        "reservations": ["pool"],
+        "partitions": ["debug"],  # the command line wins, as with sbatch
+        "name": "train",
+        "nodes": "2",
+        "gres_per_node": "gpu:2",
+        "cpus_per_gpu": "4",
+        "time_limit": "2:00:00",
+        "standard_output": "/home/u/.hpcorch/jobs/train-20260101-000000-abcd/slurm-%j.out",
+        "log_files_open_mode": "append",
+        "is_requeueable": True,
+        "signal": "B:SIGUSR2@120",
+        "comment": "hpcorch:id=train-20260101-000000-abcd,min=4,max=8,batch=256,maxbatch=2048",
+    }
+    held = submit_options("#!/bin/bash\n#SBATCH --hold\necho\n#SBATCH --nodes=9\n")
+    assert held == {"script": held["script"], "priority": 0}  # options stop at a command
+    with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--wckey'"):
+        submit_options("#!/bin/bash\n#SBATCH --wckey=x\n")
+
+
+def test_pyslurm_submit(pyslurm_module: types.ModuleType) -> None:
+    backend = PySlurmBackend(pyslurm_module)
+    assert backend.submit(GOLDEN.read_text()) == 99
+    ((what, kw),) = pyslurm_module.log  # type: ignore[attr-defined]
+    assert what == "submit" and kw["name"] == "train" and kw["signal"] == "B:SIGUSR2@120"
