@@ -326,3 +326,16 @@ def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> No
     assert rec.reason == "relaunched by Slurm (restart 1)"
     ctl.cycle()
     assert ctl.store.job(1).launches == 2  # type: ignore[union-attr]
+
+
+def test_a_bad_plan_or_checkpoint_is_not_retried(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.set(1, state="FAILED", exit_code=78)
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "failed" and "not retried" in rec.reason
+    assert ("requeue_hold", 1) not in c.log

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from hpcorch.cluster import ObservedJob, Shape
 from hpcorch.controller.store import JobRecord
-from hpcorch.protocol import EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
 
 
 @dataclass(frozen=True)
@@ -158,6 +158,11 @@ def _ended(
         return
     rec.failures += 1
     what = f"{job.state.lower()} with exit code {job.exit_code}"
+    if job.exit_code == EXIT_CONFIG:
+        _set_phase(rec, "failed", now, f"{what}: a bad plan or checkpoint, not retried")
+        rec.finished_at = now
+        out.events.append(f"failed: {rec.reason}")
+        return
     if rec.failures <= s.max_retries:
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         why = f"{what}: retry {rec.failures}/{s.max_retries} from the last checkpoint"

@@ -10,7 +10,6 @@ client-side: Slurm 22.05's ``--json`` ignores filters.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
-from hpcorch.planner import LaunchPlan
+from hpcorch.planner import LaunchPlan, write_plan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE, PLAN_FILE
 from hpcorch.slurm.backend import SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
@@ -139,13 +138,7 @@ class SlurmCluster:
 
     # --- files in the job directory -----------------------------------------------------
     def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        path = Path(job_dir) / PLAN_FILE
-        tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w") as fh:
-            fh.write(plan.to_json() + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_plan(Path(job_dir) / PLAN_FILE, plan)
 
     def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
         path = Path(job_dir) / METRICS_FILE

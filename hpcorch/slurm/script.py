@@ -19,7 +19,10 @@ from hpcorch.protocol import (
     ENV_CKPT_SIGNAL,
     ENV_GLOBAL_BATCH,
     ENV_JOB_DIR,
+    ENV_JOB_ID,
+    ENV_MAX_GLOBAL_BATCH,
     ENV_MAX_PER_GPU_BATCH,
+    ENV_MIN_GLOBAL_BATCH,
     JOB_COMMENT_TAG,
 )
 
@@ -152,11 +155,15 @@ def render_batch_script(spec: JobSpec) -> str:
         f"--comment={spec.comment()}",
     ]
     env: list[tuple[str, str]] = [
+        (ENV_JOB_ID, spec.job_key),
         (ENV_JOB_DIR, spec.job_dir),
         (ENV_CKPT_SIGNAL, CHECKPOINT_SIGNAL),
     ]
     if spec.global_batch:
         env.append((ENV_GLOBAL_BATCH, str(spec.global_batch)))
+        env.append((ENV_MIN_GLOBAL_BATCH, str(spec.global_batch)))
+    if spec.max_global_batch:
+        env.append((ENV_MAX_GLOBAL_BATCH, str(spec.max_global_batch)))
     if spec.max_per_gpu_batch:
         env.append((ENV_MAX_PER_GPU_BATCH, str(spec.max_per_gpu_batch)))
     if spec.python:
