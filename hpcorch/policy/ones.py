@@ -200,26 +200,18 @@ class _Ops:
                     g[j] += step
         return self.snap(g)
 
-    def _marginal(self, g: np.ndarray, up: bool) -> np.ndarray:
-        if up:
-            nxt = np.minimum(g + 1, self.value.shape[1] - 1)
-            with np.errstate(invalid="ignore"):
-                gain = self.value[self.rows, nxt] - self.value[self.rows, g]
-            return np.where((g < self.gmax) & ~np.isnan(gain), gain, -np.inf)
-        prev = np.where(g - 1 < self.gmin, 0, g - 1)
-        with np.errstate(invalid="ignore"):
-            loss = self.value[self.rows, g] - self.value[self.rows, prev]
-        return np.where((g > 0) & ~np.isnan(loss), loss, np.inf)
-
     def repair(self, g: np.ndarray) -> np.ndarray:
         """Take GPUs from the jobs that lose least until the schedule fits the pool."""
         g = self.snap(g).astype(np.int64)
         excess = int(g.sum()) - self.total
         while excess > 0:
-            loss = self._marginal(g, up=False)
-            k = max(1, excess // 8)
-            idx = np.argpartition(loss, k - 1)[:k] if k < len(g) else np.argsort(loss)[:k]
-            idx = idx[g[idx] > 0][: max(excess, 1)]
+            cand = np.flatnonzero(g > 0)
+            prev = np.where(g[cand] - 1 < self.gmin[cand], 0, g[cand] - 1)
+            with np.errstate(invalid="ignore"):
+                loss = self.value[cand, g[cand]] - self.value[cand, prev]
+            loss = np.where(np.isnan(loss), -np.inf, loss)
+            k = min(max(1, excess // 8), len(cand))
+            idx = cand[np.argsort(loss, kind="stable")[:k]]
             for i in idx:
                 drop = int(g[i]) if g[i] - 1 < self.gmin[i] else 1
                 g[i] -= drop
@@ -227,42 +219,42 @@ class _Ops:
         return g
 
     def fill(self, g: np.ndarray) -> np.ndarray:
-        """Give free GPUs to the jobs that gain most from one more, while any gains."""
-        g = g.copy()
+        """Give free GPUs to the jobs that gain most from them, while any gains.
+
+        Vectorised greedy: every job's marginal values for one, two, ... more GPUs are
+        made non-increasing (a GPU only counts if the ones before it are taken) and the
+        largest positive ones over all jobs win. A queued job below its minimum takes
+        its minimum at once (its marginal value is the average over those GPUs).
+        """
         free = self.total - int(g.sum())
-        while free > 0:
-            gain = self._marginal(g, up=True)
-            pos = np.flatnonzero(gain > 0)
-            if len(pos) == 0:
-                # Jobs whose next GPU only pays with a larger jump (restart offsets).
-                jump = self._best_jump(g, free)
-                if jump is None:
-                    break
-                j, to = jump
-                free -= to - int(g[j])
-                g[j] = to
-                continue
-            k = min(free, len(pos), max(1, free // 8))
-            top = pos[np.argsort(-gain[pos], kind="stable")[:k]]
-            g[top] += 1
-            free -= len(top)
-        return g
-
-    def _best_jump(self, g: np.ndarray, free: int) -> tuple[int, int] | None:
-        best: tuple[float, int, int] | None = None
-        for j in np.flatnonzero(g < self.gmax):
-            hi = min(int(self.gmax[j]), int(g[j]) + free)
-            with np.errstate(invalid="ignore"):
-                vals = self.value[j, int(g[j]) + 1 : hi + 1] - self.value[j, int(g[j])]
-            vals = np.where(np.isnan(vals), -np.inf, vals)
-            if len(vals) == 0:
-                continue
-            per = vals / np.arange(1, len(vals) + 1)
-            k = int(np.argmax(per))
-            if per[k] > 0 and (best is None or per[k] > best[0]):
-                best = (float(per[k]), int(j), int(g[j]) + k + 1)
-        return None if best is None else (best[1], best[2])
-
+        if free <= 0:
+            return g
+        g = g.copy()
+        width = self.value.shape[1]
+        steps = np.arange(1, width)
+        tgt = g[:, None] + steps[None, :]
+        valid = tgt <= self.gmax[:, None]
+        tgt = np.minimum(tgt, width - 1)
+        vals = self.value[self.rows[:, None], tgt]
+        base = self.value[self.rows, g]
+        prev = np.concatenate([base[:, None], vals[:, :-1]], axis=1)
+        with np.errstate(invalid="ignore"):
+            marg = vals - prev
+        for j in np.flatnonzero((g == 0) & (self.gmin > 1)):
+            m = int(self.gmin[j])
+            if m < width:
+                marg[j, :m] = self.value[j, m] / m
+        marg = np.where(valid & ~np.isnan(marg), marg, -np.inf)
+        marg = np.minimum.accumulate(marg, axis=1)
+        flat = marg.ravel()
+        pos = int((flat > 0).sum())
+        if pos == 0:
+            return g
+        take = min(free, pos)
+        top = np.argpartition(-flat, take - 1)[:take] if take < len(flat) else np.arange(len(flat))
+        counts = np.bincount(top // (width - 1), minlength=len(g))
+        g = g + counts
+        return np.asarray(self.repair(g))
 
 def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
     """Place the schedule ``g`` moving as few jobs as possible."""
