@@ -24,13 +24,13 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-from hpcorch.policy import POLICIES, make_policy  # noqa: E402
-from hpcorch.sim.loop import simulate  # noqa: E402
-from hpcorch.sim.report import table  # noqa: E402
-from hpcorch.sim.traces import default_data_dir, load_apps  # noqa: E402
-from hpcorch.sim.workload import load_workload  # noqa: E402
+from hpcorch.policy import POLICIES, make_policy
+from hpcorch.sim.loop import simulate
+from hpcorch.sim.report import table
+from hpcorch.sim.traces import default_data_dir, load_apps
+from hpcorch.sim.workload import load_workload
 
 PUBLISHED = ("pollux", "tiresias", "optimus")
 

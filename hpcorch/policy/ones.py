@@ -256,6 +256,7 @@ class _Ops:
         g = g + counts
         return np.asarray(self.repair(g))
 
+
 def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
     """Place the schedule ``g`` moving as few jobs as possible."""
     jobs = snapshot.jobs
