@@ -85,9 +85,9 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
         it = model.iteration_time(nodes.ravel(), G.ravel(), micro.ravel(), accum.ravel())
         it = np.where(ok, it.reshape(G.shape), np.inf)
         refs = [
-            np.array([noise_ratio(a, b) for a, b in h.grad_history])
+            _ratios(h.grad_history)
             for h in snapshot.history
-            if h.application == app
+            if h.application == app and h.grad_history
         ]
         app_stats = stats.get(app)
         default = float(np.median([noise_ratio(a, b) for a, b in app_stats])) if app_stats else None
@@ -141,3 +141,9 @@ def _segments(work: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray
     w = np.array([work[p].sum() for p in parts])
     r = np.array([np.average(rho[p], weights=work[p]) for p in parts])
     return w, r
+
+
+def _ratios(history: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """Noise ratio grad_var / grad_sqr per finished epoch."""
+    arr = np.asarray(history, dtype=float).reshape(-1, 2)
+    return np.asarray(np.maximum(arr[:, 1], 0.0) / np.maximum(arr[:, 0], 1e-30))

@@ -51,6 +51,10 @@ class OnesPolicy:
     priority: float = 0.3
     """Exponent of remaining time in a job's weight: 1 = completion rate (shortest
     remaining first), 0 = sum of speedups (throughput); in between trades the two."""
+    knee: float = 0.0
+    """GPUs past the point where one more adds less than this fraction of a GPU's speed
+    count only ``knee_discount`` as much: every job first gets its efficient share."""
+    knee_discount: float = 0.05
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -79,6 +83,8 @@ class OnesPolicy:
         with np.errstate(divide="ignore"):
             value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
         value[:, 0] = 0.0
+        if self.knee > 0:
+            value = _knee(value, est.time, self.knee, self.knee_discount)
         if self.priority != 1.0:
             ref = est.time[:, 1:2]
             ref = np.where(np.isfinite(ref), ref, 1.0)
@@ -255,6 +261,21 @@ class _Ops:
         counts = np.bincount(top // (width - 1), minlength=len(g))
         g = g + counts
         return np.asarray(self.repair(g))
+
+
+def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> np.ndarray:
+    """Discount the score of GPUs beyond each job's efficient size (see ``knee``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speed = np.where(np.isfinite(time), 1.0 / time, 0.0)
+        rel = np.diff(speed, axis=1) / np.maximum(speed[:, 1:2], 1e-300)
+    ok = rel >= eff
+    ok[:, 0] = True  # the first GPU always counts
+    knee = np.minimum.accumulate(ok, axis=1).sum(axis=1)  # efficient size per job
+    cols = np.arange(value.shape[1])[None, :]
+    at = value[np.arange(len(knee)), knee][:, None]
+    with np.errstate(invalid="ignore"):
+        past = at + discount * (value - at)
+    return np.where((cols > knee[:, None]) & np.isfinite(value), past, value)
 
 
 def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
