@@ -85,7 +85,7 @@ def write_per_job(results: Sequence[tuple[str, SimResult]], path: Path) -> None:
                 "queueing_s",
                 "restarts",
                 "gpu_seconds",
-            ]  # fmt: skip
+            ]
         )
         for workload, r in results:
             for j in r.jobs:
@@ -100,7 +100,7 @@ def write_per_job(results: Sequence[tuple[str, SimResult]], path: Path) -> None:
                         j.queueing_delay,
                         j.restarts,
                         round(j.gpu_seconds, 1),
-                    ]  # fmt: skip
+                    ]
                 )
 
 
