@@ -40,7 +40,7 @@ class OnesPolicy:
     population: int = 16
     generations: int = 12
     elite: int = 4
-    explore: float = 2.0
+    explore: float = 4.0
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 120.0
