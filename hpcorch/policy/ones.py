@@ -102,7 +102,9 @@ class OnesPolicy:
         while len(pop) < self.population:
             pop = np.vstack([pop, ops.mutate(pop[rng.integers(len(pop))])[None, :]])
         fit = ops.fitness(pop)
-        for _ in range(self.generations):
+        # Fewer generations for very large job sets keep a round within its time budget.
+        gens = min(self.generations, max(2, 10000 // max(n, 1)))
+        for _ in range(gens):
             order = np.argsort(-fit, kind="stable")
             children = [pop[i] for i in order[: self.elite]]
             while len(children) < self.population:
