@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator  # type: ignore[import-untyped]
 
 # Training length per application (epochs), as in the published runs.
 EPOCHS: dict[str, int] = {
@@ -124,6 +123,10 @@ class AppTrace:
         for r in _read_csv(trace_dir / "scalability.csv"):
             pts.append((float(r["num_nodes"]), float(r["num_replicas"]), float(r["local_bsz"])))
             ys.append((float(r["step_time"]), float(r["sync_time"])))
+        try:
+            from scipy.interpolate import LinearNDInterpolator  # type: ignore[import-untyped]
+        except ImportError:
+            raise TraceError("the simulator needs scipy (pip install 'hpcorch[sim]')") from None
         self._interp = LinearNDInterpolator(np.array(pts), np.array(ys))
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
 
