@@ -121,7 +121,10 @@ def simulate(
                         seen[0] = done
 
                 bar.label = f"{stem} {name}"
-                run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                try:
+                    run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                except (TraceError, RuntimeError) as exc:
+                    raise click.ClickException(f"{stem} {name}: {exc}") from None
                 results.append((stem, run))
     if as_json:
         doc = {

@@ -80,3 +80,10 @@ def test_tiresias_reproduces_published_workload(apps: dict[str, AppTrace], data_
     ours = {j.name: j.jct for j in res.jobs}
     close = sum(abs(ours[k] - v) <= 0.05 * v + 60 for k, v in published.items())
     assert close >= 0.9 * len(published)
+
+
+def test_other_topology_runs(apps: dict[str, AppTrace], small_workload: Path) -> None:
+    jobs = load_workload(small_workload, apps)
+    res = simulate(jobs, make_policy("ones"), apps, SimConfig(nodes=1, gpus_per_node=8))
+    assert all(j.jct > 0 for j in res.jobs)
+    assert max(used for _, used in res.timeline) <= 8
