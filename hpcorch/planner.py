@@ -52,7 +52,8 @@ def plan_batch(
         )
     if global_batch < gpus * min_micro_batch:
         raise BatchPlanError(
-            f"global batch {global_batch} is smaller than {gpus} GPUs x {min_micro_batch} samples"
+            f"global batch {global_batch} is smaller than {gpus} GPUs x "
+            f"{min_micro_batch} samples"
         )
     accum = -(-global_batch // (gpus * max_micro_batch))  # ceil division
     micro = global_batch // (gpus * accum)
