@@ -39,10 +39,17 @@ def run_one(args: tuple[str, str, str, str]) -> dict[str, object]:
     data, load, workload, policy = args
     apps = load_apps(Path(data))
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(jobs, make_policy(policy), apps)
-    wall = time.perf_counter() - t0
-    return {"load": load, "workload": workload, "policy": policy, "wall_s": wall, **res.summary()}
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "load": load,
+        "workload": workload,
+        "policy": policy,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        **res.summary(),
+    }
 
 
 def published(data: Path, load: str) -> dict[str, dict[str, tuple[float, float]]]:
@@ -137,11 +144,21 @@ def report(data: Path, load: str, policies: list[str], rows: list[dict[str, obje
                 float(np.mean([float(r["decision_ms_mean"]) for r in sel])),  # type: ignore[arg-type]
                 float(np.max([float(r["decision_ms_max"]) for r in sel])),  # type: ignore[arg-type]
                 float(np.max([float(r["wall_s"]) for r in sel])),  # type: ignore[arg-type]
+                float(np.max([float(r["cpu_s"]) for r in sel])),  # type: ignore[arg-type]
             ]
         )
     print(
         table(
-            ["policy", "avg/bound", "util", "restarts/job", "decide ms", "max ms", "max wall s"],
+            [
+                "policy",
+                "avg/bound",
+                "util",
+                "restarts/job",
+                "decide ms",
+                "max ms",
+                "max wall s",
+                "max CPU s",
+            ],
             summ,
         )
     )
@@ -167,11 +184,11 @@ def report(data: Path, load: str, policies: list[str], rows: list[dict[str, obje
         )
         sel = [r for r in rows if r["policy"] == "ones"]
         print(
-            "ones decision per round at 64 GPUs: mean "
+            "ones decision per round at 64 GPUs (CPU time): mean "
             f"{np.mean([float(r['decision_ms_mean']) for r in sel]):.1f} ms, max "  # type: ignore[arg-type]
             f"{np.max([float(r['decision_ms_max']) for r in sel]):.1f} ms (target <= 50 ms); "  # type: ignore[arg-type]
-            f"wall per workload max {np.max([float(r['wall_s']) for r in sel]):.1f} s "  # type: ignore[arg-type]
-            "(target <= 60 s for 160 jobs)"
+            f"160-job simulation max {np.max([float(r['wall_s']) for r in sel]):.1f} s wall, "  # type: ignore[arg-type]
+            f"{np.max([float(r['cpu_s']) for r in sel]):.1f} s CPU (target <= 60 s)"  # type: ignore[arg-type]
         )
 
 
