@@ -75,3 +75,12 @@ def test_unknown_policy_lists_valid(data_dir: Path, small_workload: Path) -> Non
 def test_missing_file(data_dir: Path) -> None:
     code, _, err = _run("/nonexistent/w.csv")
     assert code != 0 and "Traceback" not in err
+
+
+def test_data_dir_from_env(
+    small_workload: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCORCH_POLLUX_DATA", str(tmp_path / "nowhere"))
+    code, _, err = _run(str(small_workload), "--policy", "fifo")
+    assert code == 1
+    assert "no traces directory" in err and "HPCORCH_POLLUX_DATA" in err
