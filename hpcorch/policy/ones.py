@@ -41,6 +41,7 @@ class OnesPolicy:
     generations: int = 12
     elite: int = 4
     explore: float = 4.0
+    max_job_gpus: int = 64
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 120.0
@@ -63,7 +64,7 @@ class OnesPolicy:
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng
-        est = estimate(snapshot, explore=self.explore)
+        est = estimate(snapshot, explore=self.explore, gpu_cap=self.max_job_gpus)
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
