@@ -12,7 +12,7 @@ from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import loop
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
-from hpcorch.sim.report import RESULT_HEADERS, result_row, table
+from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
 from hpcorch.sim.traces import TraceError, load_apps
 from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
 
@@ -75,6 +75,12 @@ def _policies(value: str) -> list[str]:
     default=None,
     help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
 )
+@click.option(
+    "--per-job",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="Write per-job results (JCT, queueing delay, restarts) to this CSV file.",
+)
 def simulate(
     workloads: tuple[Path, ...],
     policy: str,
@@ -86,6 +92,7 @@ def simulate(
     data: Path | None,
     as_json: bool,
     plot: Path | None,
+    per_job: Path | None,
 ) -> None:
     """Simulate scheduling policies on workload CSV files (name,time,application,...)."""
     names = _policies(policy)
@@ -114,7 +121,10 @@ def simulate(
                         seen[0] = done
 
                 bar.label = f"{stem} {name}"
-                run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                try:
+                    run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                except (TraceError, RuntimeError) as exc:
+                    raise click.ClickException(f"{stem} {name}: {exc}") from None
                 results.append((stem, run))
     if as_json:
         doc = {
@@ -125,6 +135,11 @@ def simulate(
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(table(RESULT_HEADERS, [result_row(stem, r) for stem, r in results]))
+    if per_job is not None:
+        try:
+            write_per_job(results, per_job)
+        except OSError as exc:
+            raise click.ClickException(f"cannot write {per_job}: {exc.strerror}") from None
     if plot is not None:
         from hpcorch.sim.report import plot as draw
 

@@ -37,11 +37,19 @@ def noise_ratio(grad_sqr: float, grad_var: float) -> float:
     return max(grad_var, 0.0) / max(grad_sqr, 1e-30)
 
 
+def reference_curve(references: list[np.ndarray], max_epochs: int) -> np.ndarray | None:
+    """Median per-epoch noise ratio over completed runs that reached ``max_epochs``."""
+    refs = [r[:max_epochs] for r in references if len(r) >= max_epochs]
+    if not refs:
+        return None
+    return np.asarray(np.median(np.stack(refs), axis=0))
+
+
 def forecast_noise(
     epoch: int,
     max_epochs: int,
     current: float,
-    references: list[np.ndarray],
+    references: list[np.ndarray] | np.ndarray | None,
     growth: float = 1.0,
 ) -> np.ndarray:
     """Noise ratio (grad_var / grad_sqr) expected in epochs ``epoch .. max_epochs - 1``.
@@ -53,9 +61,10 @@ def forecast_noise(
     """
     epochs = np.arange(epoch, max_epochs)
     cur = max(current, 1e-6)
-    refs = [r for r in references if len(r) >= max_epochs]
-    if refs:
-        ref = np.median(np.stack([r[:max_epochs] for r in refs]), axis=0)
+    if isinstance(references, list):
+        references = reference_curve(references, max_epochs)
+    if references is not None and len(references) >= max_epochs:
+        ref = references
         base = max(float(ref[min(epoch, max_epochs - 1)]), 1e-6)
         scale = float(np.clip(np.sqrt(cur / base), 0.3, 3.0))
         return np.asarray(np.maximum(ref[epoch:max_epochs] * scale, 0.0))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import JobPlan, JobView, Snapshot
 
@@ -26,9 +28,11 @@ def place_most_free(free: list[int], gpus: int) -> dict[int, int] | None:
         return None
     placement: dict[int, int] = {}
     left = gpus
+    arr = np.asarray(free)
     while left > 0:
-        node = max(range(len(free)), key=lambda i: (free[i], -i))
+        node = int(np.argmax(arr))  # most free GPUs, lowest index on ties
         n = min(free[node], left)
+        arr[node] -= n
         placement[node] = placement.get(node, 0) + n
         free[node] -= n
         left -= n
@@ -42,9 +46,10 @@ def place_packed(free: list[int], gpus: int) -> dict[int, int] | None:
     """
     if gpus > sum(free):
         return None
-    fits = [i for i, f in enumerate(free) if f >= gpus]
-    if fits:
-        node = min(fits, key=lambda i: (free[i], i))
+    arr = np.asarray(free)
+    fits = arr >= gpus
+    if fits.any():
+        node = int(np.argmin(np.where(fits, arr, np.iinfo(np.int64).max)))  # best fit
         free[node] -= gpus
         return {node: gpus}
     return place_most_free(free, gpus)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcorch.model.convergence import forecast_noise, noise_ratio
+from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
 from hpcorch.model.throughput import ThroughputModel
 from hpcorch.policy.types import JobView, Snapshot, StepSample
 
@@ -85,13 +85,14 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
         it = model.iteration_time(nodes.ravel(), G.ravel(), micro.ravel(), accum.ravel())
         it = np.where(ok, it.reshape(G.shape), np.inf)
         refs = [
-            np.array([noise_ratio(a, b) for a, b in h.grad_history])
+            _ratios(h.grad_history)
             for h in snapshot.history
-            if h.application == app
+            if h.application == app and h.grad_history
         ]
         app_stats = stats.get(app)
         default = float(np.median([noise_ratio(a, b) for a, b in app_stats])) if app_stats else None
         rows = np.arange(gm)
+        curves: dict[int, np.ndarray | None] = {}
         for i in idx:
             j = jobs[i]
             if j.grad_sqr is not None and j.grad_var is not None:
@@ -100,7 +101,9 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
                 cur = float(np.median([r[min(j.epoch, len(r) - 1)] for r in refs]))
             else:
                 cur = default if default is not None else 1.0
-            rho = forecast_noise(j.epoch, j.max_epochs, cur, refs)
+            if j.max_epochs not in curves:
+                curves[j.max_epochs] = reference_curve(refs, j.max_epochs)
+            rho = forecast_noise(j.epoch, j.max_epochs, cur, curves[j.max_epochs])
             work = np.full(len(rho), j.progress_per_epoch_hint)
             if len(work):
                 work[0] = max(
@@ -137,7 +140,15 @@ def _segments(work: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray
     epoch stays a group of its own, so the batch chosen now fits the current noise."""
     if len(work) <= SEGMENTS:
         return work, rho
-    parts = [np.array([0]), *np.array_split(np.arange(1, len(work)), SEGMENTS - 1)]
-    w = np.array([work[p].sum() for p in parts])
-    r = np.array([np.average(rho[p], weights=work[p]) for p in parts])
+    rest, parts = len(work) - 1, SEGMENTS - 1
+    sizes = np.full(parts, rest // parts) + (np.arange(parts) < rest % parts)
+    starts = np.concatenate(([0, 1], 1 + np.cumsum(sizes)[:-1])).astype(np.int64)
+    w = np.add.reduceat(work, starts)
+    r = np.add.reduceat(work * rho, starts) / np.maximum(w, 1e-300)
     return w, r
+
+
+def _ratios(history: tuple[tuple[float, float], ...]) -> np.ndarray:
+    """Noise ratio grad_var / grad_sqr per finished epoch."""
+    arr = np.asarray(history, dtype=float).reshape(-1, 2)
+    return np.asarray(np.maximum(arr[:, 1], 0.0) / np.maximum(arr[:, 0], 1e-30))

@@ -40,7 +40,8 @@ class OnesPolicy:
     population: int = 16
     generations: int = 12
     elite: int = 4
-    explore: float = 2.0
+    explore: float = 4.0
+    max_job_gpus: int = 64
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 120.0
@@ -51,6 +52,10 @@ class OnesPolicy:
     priority: float = 0.3
     """Exponent of remaining time in a job's weight: 1 = completion rate (shortest
     remaining first), 0 = sum of speedups (throughput); in between trades the two."""
+    knee: float = 0.0
+    """GPUs past the point where one more adds less than this fraction of a GPU's speed
+    count only ``knee_discount`` as much: every job first gets its efficient share."""
+    knee_discount: float = 0.05
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -59,7 +64,7 @@ class OnesPolicy:
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng
-        est = estimate(snapshot, explore=self.explore)
+        est = estimate(snapshot, explore=self.explore, gpu_cap=self.max_job_gpus)
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
@@ -79,6 +84,8 @@ class OnesPolicy:
         with np.errstate(divide="ignore"):
             value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
         value[:, 0] = 0.0
+        if self.knee > 0:
+            value = _knee(value, est.time, self.knee, self.knee_discount)
         if self.priority != 1.0:
             ref = est.time[:, 1:2]
             ref = np.where(np.isfinite(ref), ref, 1.0)
@@ -96,7 +103,9 @@ class OnesPolicy:
         while len(pop) < self.population:
             pop = np.vstack([pop, ops.mutate(pop[rng.integers(len(pop))])[None, :]])
         fit = ops.fitness(pop)
-        for _ in range(self.generations):
+        # Fewer generations for very large job sets keep a round within its time budget.
+        gens = min(self.generations, max(2, 10000 // max(n, 1)))
+        for _ in range(gens):
             order = np.argsort(-fit, kind="stable")
             children = [pop[i] for i in order[: self.elite]]
             while len(children) < self.population:
@@ -200,26 +209,18 @@ class _Ops:
                     g[j] += step
         return self.snap(g)
 
-    def _marginal(self, g: np.ndarray, up: bool) -> np.ndarray:
-        if up:
-            nxt = np.minimum(g + 1, self.value.shape[1] - 1)
-            with np.errstate(invalid="ignore"):
-                gain = self.value[self.rows, nxt] - self.value[self.rows, g]
-            return np.where((g < self.gmax) & ~np.isnan(gain), gain, -np.inf)
-        prev = np.where(g - 1 < self.gmin, 0, g - 1)
-        with np.errstate(invalid="ignore"):
-            loss = self.value[self.rows, g] - self.value[self.rows, prev]
-        return np.where((g > 0) & ~np.isnan(loss), loss, np.inf)
-
     def repair(self, g: np.ndarray) -> np.ndarray:
         """Take GPUs from the jobs that lose least until the schedule fits the pool."""
         g = self.snap(g).astype(np.int64)
         excess = int(g.sum()) - self.total
         while excess > 0:
-            loss = self._marginal(g, up=False)
-            k = max(1, excess // 8)
-            idx = np.argpartition(loss, k - 1)[:k] if k < len(g) else np.argsort(loss)[:k]
-            idx = idx[g[idx] > 0][: max(excess, 1)]
+            cand = np.flatnonzero(g > 0)
+            prev = np.where(g[cand] - 1 < self.gmin[cand], 0, g[cand] - 1)
+            with np.errstate(invalid="ignore"):
+                loss = self.value[cand, g[cand]] - self.value[cand, prev]
+            loss = np.where(np.isnan(loss), -np.inf, loss)
+            k = min(max(1, excess // 8), len(cand))
+            idx = cand[np.argsort(loss, kind="stable")[:k]]
             for i in idx:
                 drop = int(g[i]) if g[i] - 1 < self.gmin[i] else 1
                 g[i] -= drop
@@ -227,41 +228,57 @@ class _Ops:
         return g
 
     def fill(self, g: np.ndarray) -> np.ndarray:
-        """Give free GPUs to the jobs that gain most from one more, while any gains."""
-        g = g.copy()
-        free = self.total - int(g.sum())
-        while free > 0:
-            gain = self._marginal(g, up=True)
-            pos = np.flatnonzero(gain > 0)
-            if len(pos) == 0:
-                # Jobs whose next GPU only pays with a larger jump (restart offsets).
-                jump = self._best_jump(g, free)
-                if jump is None:
-                    break
-                j, to = jump
-                free -= to - int(g[j])
-                g[j] = to
-                continue
-            k = min(free, len(pos), max(1, free // 8))
-            top = pos[np.argsort(-gain[pos], kind="stable")[:k]]
-            g[top] += 1
-            free -= len(top)
-        return g
+        """Give free GPUs to the jobs that gain most from them, while any gains.
 
-    def _best_jump(self, g: np.ndarray, free: int) -> tuple[int, int] | None:
-        best: tuple[float, int, int] | None = None
-        for j in np.flatnonzero(g < self.gmax):
-            hi = min(int(self.gmax[j]), int(g[j]) + free)
-            with np.errstate(invalid="ignore"):
-                vals = self.value[j, int(g[j]) + 1 : hi + 1] - self.value[j, int(g[j])]
-            vals = np.where(np.isnan(vals), -np.inf, vals)
-            if len(vals) == 0:
-                continue
-            per = vals / np.arange(1, len(vals) + 1)
-            k = int(np.argmax(per))
-            if per[k] > 0 and (best is None or per[k] > best[0]):
-                best = (float(per[k]), int(j), int(g[j]) + k + 1)
-        return None if best is None else (best[1], best[2])
+        Vectorised greedy: every job's marginal values for one, two, ... more GPUs are
+        made non-increasing (a GPU only counts if the ones before it are taken) and the
+        largest positive ones over all jobs win. A queued job below its minimum takes
+        its minimum at once (its marginal value is the average over those GPUs).
+        """
+        free = self.total - int(g.sum())
+        if free <= 0:
+            return g
+        g = g.copy()
+        width = self.value.shape[1]
+        steps = np.arange(1, width)
+        tgt = g[:, None] + steps[None, :]
+        valid = tgt <= self.gmax[:, None]
+        tgt = np.minimum(tgt, width - 1)
+        vals = self.value[self.rows[:, None], tgt]
+        base = self.value[self.rows, g]
+        prev = np.concatenate([base[:, None], vals[:, :-1]], axis=1)
+        with np.errstate(invalid="ignore"):
+            marg = vals - prev
+        for j in np.flatnonzero((g == 0) & (self.gmin > 1)):
+            m = int(self.gmin[j])
+            if m < width:
+                marg[j, :m] = self.value[j, m] / m
+        marg = np.where(valid & ~np.isnan(marg), marg, -np.inf)
+        marg = np.minimum.accumulate(marg, axis=1)
+        flat = marg.ravel()
+        pos = int((flat > 0).sum())
+        if pos == 0:
+            return g
+        take = min(free, pos)
+        top = np.argpartition(-flat, take - 1)[:take] if take < len(flat) else np.arange(len(flat))
+        counts = np.bincount(top // (width - 1), minlength=len(g))
+        g = g + counts
+        return np.asarray(self.repair(g))
+
+
+def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> np.ndarray:
+    """Discount the score of GPUs beyond each job's efficient size (see ``knee``)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        speed = np.where(np.isfinite(time), 1.0 / time, 0.0)
+        rel = np.diff(speed, axis=1) / np.maximum(speed[:, 1:2], 1e-300)
+    ok = rel >= eff
+    ok[:, 0] = True  # the first GPU always counts
+    knee = np.minimum.accumulate(ok, axis=1).sum(axis=1)  # efficient size per job
+    cols = np.arange(value.shape[1])[None, :]
+    at = value[np.arange(len(knee)), knee][:, None]
+    with np.errstate(invalid="ignore"):
+        past = at + discount * (value - at)
+    return np.where((cols > knee[:, None]) & np.isfinite(value), past, value)
 
 
 def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:

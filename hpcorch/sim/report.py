@@ -68,6 +68,42 @@ def result_row(workload: str, r: SimResult) -> list[object]:
     ]
 
 
+def write_per_job(results: Sequence[tuple[str, SimResult]], path: Path) -> None:
+    """One CSV row per job and run: JCT, queueing delay, restarts, GPU-seconds."""
+    import csv
+
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "workload",
+                "policy",
+                "job",
+                "application",
+                "submit_s",
+                "jct_s",
+                "queueing_s",
+                "restarts",
+                "gpu_seconds",
+            ]
+        )
+        for workload, r in results:
+            for j in r.jobs:
+                w.writerow(
+                    [
+                        workload,
+                        r.policy,
+                        j.name,
+                        j.application,
+                        j.submit_time,
+                        j.jct,
+                        j.queueing_delay,
+                        j.restarts,
+                        round(j.gpu_seconds, 1),
+                    ]
+                )
+
+
 def plot(results: Sequence[tuple[str, SimResult]], path: Path) -> None:
     """JCT CDF per run and GPUs in use over time, side by side, to ``path``."""
     import matplotlib

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.interpolate import LinearNDInterpolator  # type: ignore[import-untyped]
 
 # Training length per application (epochs), as in the published runs.
 EPOCHS: dict[str, int] = {
@@ -124,7 +123,16 @@ class AppTrace:
         for r in _read_csv(trace_dir / "scalability.csv"):
             pts.append((float(r["num_nodes"]), float(r["num_replicas"]), float(r["local_bsz"])))
             ys.append((float(r["step_time"]), float(r["sync_time"])))
+        try:
+            from scipy.interpolate import (  # type: ignore[import-untyped]
+                LinearNDInterpolator,
+                NearestNDInterpolator,
+            )
+        except ImportError:
+            raise TraceError("the simulator needs scipy (pip install 'hpcorch[sim]')") from None
         self._interp = LinearNDInterpolator(np.array(pts), np.array(ys))
+        # Outside the measured hull (e.g. more than 4 GPUs on a node): nearest measurement.
+        self._nearest = NearestNDInterpolator(np.array(pts), np.array(ys))
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
 
     # -- throughput ---------------------------------------------------------------------
@@ -141,9 +149,10 @@ class AppTrace:
             res = (float(np.interp(micro_batch, bs, st)), float(np.interp(micro_batch, bs, sy)))
         else:
             nodes = min(len(p), MAX_INTERP_NODES)
-            out = self._interp(np.array([[nodes, sum(p), micro_batch]], dtype=float))[0]
+            q = np.array([[nodes, sum(p), micro_batch]], dtype=float)
+            out = self._interp(q)[0]
             if not np.all(np.isfinite(out)):
-                raise TraceError(f"{self.name}: no step time for placement {p} batch {micro_batch}")
+                out = self._nearest(q)[0]
             res = (float(out[0]), float(out[1]))
         self._cache[key] = res
         return res

@@ -18,9 +18,11 @@ def _run(*args: str) -> tuple[int, str, str]:
 
 def test_json_shape(data_dir: Path, small_workload: Path, tmp_path: Path) -> None:
     png = tmp_path / "out.png"
+    per_job = tmp_path / "jobs.csv"
     code, out, err = _run(
-        str(small_workload), "--policy", "fifo,ones", "--nodes", "2", "--json", "--plot", str(png)
-    )
+        str(small_workload), "--policy", "fifo,ones", "--nodes", "2", "--json",
+        "--plot", str(png), "--per-job", str(per_job),
+    )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)
     assert [r["policy"] for r in doc["results"]] == ["fifo", "ones"]
@@ -34,6 +36,8 @@ def test_json_shape(data_dir: Path, small_workload: Path, tmp_path: Path) -> Non
         assert 0 < r["utilization"] <= 1
         assert r["avg_jct"] >= r["lower_bound"]
     assert png.stat().st_size > 1000
+    rows = per_job.read_text().splitlines()
+    assert rows[0].startswith("workload,policy,job") and len(rows) == 1 + 2 * 5
 
 
 def test_table_output(data_dir: Path, small_workload: Path) -> None:
@@ -71,3 +75,12 @@ def test_unknown_policy_lists_valid(data_dir: Path, small_workload: Path) -> Non
 def test_missing_file(data_dir: Path) -> None:
     code, _, err = _run("/nonexistent/w.csv")
     assert code != 0 and "Traceback" not in err
+
+
+def test_data_dir_from_env(
+    small_workload: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HPCORCH_POLLUX_DATA", str(tmp_path / "nowhere"))
+    code, _, err = _run(str(small_workload), "--policy", "fifo")
+    assert code == 1
+    assert "no traces directory" in err and "HPCORCH_POLLUX_DATA" in err

@@ -108,3 +108,18 @@ def test_tiresias_gang_schedules_in_queue_order() -> None:
         if p is not None and not job.running:
             assert p.gpus == job.requested_gpus
             assert p.global_batch <= job.requested_batch
+
+
+@pytest.mark.parametrize(
+    "options", [{"whole_set": True}, {"knee": 0.5}, {"priority": 1.0}, {"max_job_gpus": 4}]
+)
+def test_ones_variants_give_valid_plans(options: dict[str, object]) -> None:
+    from hpcorch.policy.ones import OnesPolicy
+
+    policy = OnesPolicy(seed=1, **options)  # type: ignore[arg-type]
+    for seed in range(3):
+        snap = _snapshot(seed, 20)
+        plan = policy.schedule(snap)
+        validate_plan(snap, plan)
+        if "max_job_gpus" in options:
+            assert all(p.gpus <= 4 for p in plan.jobs)

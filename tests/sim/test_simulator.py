@@ -66,3 +66,24 @@ def test_restart_cost_is_charged(apps: dict[str, AppTrace], small_workload: Path
     cheap = simulate(jobs, make_policy("fifo"), apps, SimConfig(restart_cost=0.0))
     dear = simulate(jobs, make_policy("fifo"), apps, SimConfig(restart_cost=300.0))
     assert dear.avg_jct > cheap.avg_jct + 250
+
+
+def test_tiresias_reproduces_published_workload(apps: dict[str, AppTrace], data_dir: Path) -> None:
+    """Fidelity: the published Tiresias rules on a published workload give its JCTs."""
+    import json
+
+    jobs = load_workload(data_dir / "workloads" / "load-0.5" / "workload-5.csv", apps)
+    res = simulate(jobs, make_policy("tiresias"), apps, SimConfig())
+    pub = json.loads((data_dir / "published-results" / "tiresias-load-0.5.json").read_text())
+    published = pub["jcts"]["workload-5"]
+    assert res.avg_jct == pytest.approx(sum(published.values()) / len(published), rel=0.02)
+    ours = {j.name: j.jct for j in res.jobs}
+    close = sum(abs(ours[k] - v) <= 0.05 * v + 60 for k, v in published.items())
+    assert close >= 0.9 * len(published)
+
+
+def test_other_topology_runs(apps: dict[str, AppTrace], small_workload: Path) -> None:
+    jobs = load_workload(small_workload, apps)
+    res = simulate(jobs, make_policy("ones"), apps, SimConfig(nodes=1, gpus_per_node=8))
+    assert all(j.jct > 0 for j in res.jobs)
+    assert max(used for _, used in res.timeline) <= 8
