@@ -57,8 +57,7 @@ def plan_batch(
         )
     if global_batch < gpus * min_micro_batch:
         raise BatchPlanError(
-            f"global batch {global_batch} is smaller than {gpus} GPUs x "
-            f"{min_micro_batch} samples"
+            f"global batch {global_batch} is smaller than {gpus} GPUs x {min_micro_batch} samples"
         )
     per_gpu = global_batch // gpus
     accum = -(-per_gpu // max_micro_batch)  # ceil: fewest passes within the memory bound
