@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,7 +44,7 @@ def _log(msg: str) -> None:
     print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
 
 
-def _int(tags: dict[str, str], key: str, default: int) -> int:
+def _int(tags: Mapping[str, str], key: str, default: int) -> int:
     value = tags.get(key, "")
     return int(value) if value.isdigit() else default
 
@@ -255,6 +255,11 @@ class Controller:
                 self._history_ids.add(rec.slurm_id)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
         pins = {sid: int(t["pin"]) for sid, t in tags.items() if t.get("pin", "").isdigit()}
+        requests = {
+            sid: (_int(t, "req", 0), _int(t, "reqbatch", 0))
+            for sid, t in tags.items()
+            if "req" in t or "reqbatch" in t
+        }
         active = [r for r in records if r.active]
         snapshot = build_snapshot(
             now,
@@ -265,6 +270,7 @@ class Controller:
             pins,
             self.config.round_s,
             self.config.restart_cost_s,
+            requests,
         )
         t0 = time.perf_counter()
         try:

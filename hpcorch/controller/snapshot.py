@@ -52,10 +52,15 @@ def job_view(
     pool_index: Mapping[str, int],
     pool_gpus: int,
     pin: int | None = None,
+    request: tuple[int, int] | None = None,
 ) -> JobView:
+    """``request``: the GPUs and global batch the user asked for (default: the minimum
+    GPUs and the initial batch), which the policies that honour requests give it."""
     lo, hi = min(rec.min_gpus, pool_gpus), min(rec.max_gpus, pool_gpus)
     if pin is not None:
         lo = hi = max(1, min(pin, pool_gpus))
+    req_gpus, req_batch = request or (0, 0)
+    req_gpus = min(max(req_gpus, lo), max(hi, lo))
     if rec.phase in ("starting",):
         gpus, placement = rec.target_gpus, rec.placement()
     elif rec.phase in ("running", "stopping"):
@@ -71,8 +76,8 @@ def job_view(
         job_id=str(rec.slurm_id),
         application=rec.app,
         submit_time=rec.submit_time,
-        requested_gpus=lo,
-        requested_batch=rec.batch,
+        requested_gpus=req_gpus,
+        requested_batch=req_batch or rec.batch,
         min_gpus=lo,
         max_gpus=max(hi, lo),
         min_batch=rec.batch,
@@ -118,12 +123,21 @@ def build_snapshot(
     pins: Mapping[int, int],
     round_s: float,
     restart_cost_s: float,
+    requests: Mapping[int, tuple[int, int]] | None = None,
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
     total = sum(node_gpus)
+    req = requests or {}
     views = tuple(
-        job_view(r, samples.get(r.slurm_id, ()), pool_index, total, pins.get(r.slurm_id))
+        job_view(
+            r,
+            samples.get(r.slurm_id, ()),
+            pool_index,
+            total,
+            pins.get(r.slurm_id),
+            req.get(r.slurm_id),
+        )
         for r in records
         if r.active
     )

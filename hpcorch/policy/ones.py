@@ -220,6 +220,9 @@ class _Ops:
             k = max(1, excess // 8)
             idx = np.argpartition(loss, k - 1)[:k] if k < len(g) else np.argsort(loss)[:k]
             idx = idx[g[idx] > 0][: max(excess, 1)]
+            if len(idx) == 0:  # the least losses were queued jobs (ties at inf): no progress
+                pos = np.flatnonzero(g > 0)
+                idx = pos[np.argsort(loss[pos], kind="stable")[:k]]
             for i in idx:
                 drop = int(g[i]) if g[i] - 1 < self.gmin[i] else 1
                 g[i] -= drop
