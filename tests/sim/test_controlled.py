@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from hpcorch.policy import make_policy
 from hpcorch.protocol import EXIT_RELAUNCH
 from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.engine import SimCluster
-from hpcorch.sim.loop import SimConfig
+from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.slurm_side import SimSlurm, SimSlurmError
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob, load_workload
@@ -58,14 +59,7 @@ def _first_jobs(data_dir: Path, apps: dict[str, AppTrace], n: int) -> list[Workl
     return load_workload(path, apps)[:n]
 
 
-@pytest.mark.parametrize("name", ["fifo", "ones"])
-def test_small_workload_completes_without_over_allocation(
-    data_dir: Path, apps: dict[str, AppTrace], name: str
-) -> None:
-    jobs = _first_jobs(data_dir, apps, 10)
-    cfg = SimConfig(nodes=4, gpus_per_node=4)
-    peak = [0]
-
+def _check_allocation(peak: list[int]) -> Callable[[SimCluster], None]:
     def check(world: SimCluster) -> None:
         per_node = [0] * len(world.node_gpus)
         for j in world.jobs:
@@ -74,22 +68,39 @@ def test_small_workload_completes_without_over_allocation(
         assert all(u <= g for u, g in zip(per_node, world.node_gpus, strict=True)), per_node
         peak[0] = max(peak[0], sum(per_node))
 
-    res = simulate_controlled(jobs, make_policy(name, 1), apps, cfg, check)
-    assert len(res.jobs) == len(jobs)
+    return check
+
+
+def _completed(res: SimResult, n: int, gpus: int, peak: int) -> None:
+    assert len(res.jobs) == n
     assert all(j.jct > 0 and j.queueing_delay >= 0 for j in res.jobs)
     assert res.avg_jct >= res.lower_bound * 0.999
-    assert 0 < peak[0] <= 16
-    assert max(u for _, u in res.timeline) <= 16
+    assert 0 < peak <= gpus
+    assert max(u for _, u in res.timeline) <= gpus
     assert res.decision_s and res.extra["slurm_calls"] > 0
-    if name == "fifo":  # FIFO never resizes: one launch per job
-        assert all(j.restarts == 0 for j in res.jobs)
 
 
-def test_deterministic_for_a_seed(data_dir: Path, apps: dict[str, AppTrace]) -> None:
-    jobs = _first_jobs(data_dir, apps, 6)
+def test_first_jobs_of_a_workload_complete_under_fifo(
+    data_dir: Path, apps: dict[str, AppTrace]
+) -> None:
+    jobs = _first_jobs(data_dir, apps, 10)
+    peak = [0]
+    cfg = SimConfig(nodes=4, gpus_per_node=4)
+    res = simulate_controlled(jobs, make_policy("fifo"), apps, cfg, _check_allocation(peak))
+    _completed(res, len(jobs), 16, peak[0])
+    assert all(j.restarts == 0 for j in res.jobs)  # FIFO never resizes: one launch each
+
+
+def test_small_workload_completes_under_ones(
+    apps: dict[str, AppTrace], small_workload: Path
+) -> None:
+    jobs = load_workload(small_workload, apps)
+    peak = [0]
     cfg = SimConfig(nodes=2, gpus_per_node=4)
-    a = simulate_controlled(jobs, make_policy("ones", 5), apps, cfg)
-    b = simulate_controlled(jobs, make_policy("ones", 5), apps, cfg)
+    a = simulate_controlled(jobs, make_policy("ones", 5), apps, cfg, _check_allocation(peak))
+    _completed(a, len(jobs), 8, peak[0])
+    assert a.extra["resizes"] > 0  # ONES resized through checkpoint -> requeue -> start
+    b = simulate_controlled(jobs, make_policy("ones", 5), apps, cfg)  # same seed, same run
     assert [(j.jct, j.restarts) for j in a.jobs] == [(j.jct, j.restarts) for j in b.jobs]
     assert a.timeline == b.timeline
 
