@@ -23,7 +23,7 @@ from hpcorch.controller.snapshot import build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
-from hpcorch.policy.types import CompletedJob, Plan, PlanError, Policy, validate_plan
+from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
 
@@ -277,8 +277,10 @@ class Controller:
             plan = self.policy.schedule(snapshot)
             validate_plan(snapshot, plan)
         except PlanError as exc:
+            # An empty plan would preempt every job: keep every allocation as it is.
             self.log(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
-            plan = Plan()
+            self.last_decision_s = time.perf_counter() - t0
+            return self.last_decision_s, []
         decision_s = time.perf_counter() - t0
         self.last_decision_s = decision_s
         targets = plan.by_id()

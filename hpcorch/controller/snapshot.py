@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcorch.cluster import PoolNode
 from hpcorch.controller.store import JobRecord, Sample
+from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
 
@@ -69,6 +70,13 @@ def job_view(
         gpus, placement = 0, {}
     if sum(placement.values()) != gpus:
         gpus, placement = 0, {}
+    micro, accum = rec.micro_batch, max(1, rec.accum_steps)
+    if gpus and (not micro or rec.phase == "starting"):  # the split its launch will use
+        try:
+            split = plan_batch(max(rec.target_batch or rec.batch, gpus), gpus, rec.max_micro)
+            micro, accum = split.micro_batch, split.accum_steps
+        except BatchPlanError:
+            pass
     stats = noise_stats(samples, rec.batch)
     steps_per_epoch = rec.steps_per_epoch or 1.0
     epochs = rec.epochs or rec.epoch + 1
@@ -89,8 +97,8 @@ def job_view(
         gpus=gpus,
         placement=placement,
         batch=rec.global_batch or rec.batch,
-        micro_batch=rec.micro_batch,
-        accum_steps=max(1, rec.accum_steps),
+        micro_batch=micro,
+        accum_steps=accum,
         epoch=rec.epoch,
         progress=rec.progress,
         grad_sqr=stats[0] if stats else None,
