@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -168,3 +169,17 @@ def test_a_start_waits_for_busy_gpus(apps: dict[str, AppTrace]) -> None:
     side.advance(10)  # a exits after its checkpoint: b gets the GPUs
     states = {j.slurm_id: j.state for j in side.observe().jobs}
     assert states == {a: "FAILED", b: "RUNNING"}
+
+
+def test_cli_engine_controller(data_dir: Path, small_workload: Path) -> None:
+    from click.testing import CliRunner
+
+    from hpcorch.cli import main
+
+    args = ["simulate", str(small_workload), "--policy", "fifo", "--nodes", "2", "--json"]
+    res = CliRunner().invoke(main, [*args, "--engine", "controller"])
+    assert res.exit_code == 0, res.stderr
+    (row,) = json.loads(res.stdout)["results"]
+    assert row["policy"] == "fifo" and row["avg_jct"] >= row["lower_bound"]
+    bad = CliRunner().invoke(main, [*args, "--engine", "slurm"])
+    assert bad.exit_code == 2 and "'slurm' is not one of" in bad.stderr
