@@ -10,6 +10,7 @@ import click
 
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import loop
+from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
@@ -68,6 +69,13 @@ def _policies(value: str) -> list[str]:
     default=None,
     help="Trace data directory [default: $HPCORCH_POLLUX_DATA or ../shared/data/pollux].",
 )
+@click.option(
+    "--engine",
+    type=click.Choice(["direct", "controller"]),
+    default="direct",
+    show_default=True,
+    help="direct: the policy loop; controller: the production controller over simulated Slurm.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
@@ -90,6 +98,7 @@ def simulate(
     restart_cost: float,
     seed: int,
     data: Path | None,
+    engine: str,
     as_json: bool,
     plot: Path | None,
     per_job: Path | None,
@@ -121,8 +130,9 @@ def simulate(
                         seen[0] = done
 
                 bar.label = f"{stem} {name}"
+                run_sim = loop.simulate if engine == "direct" else simulate_controlled
                 try:
-                    run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                    run = run_sim(jobs, make_policy(name, seed), apps, config, tick)
                 except (TraceError, RuntimeError) as exc:
                     raise click.ClickException(f"{stem} {name}: {exc}") from None
                 results.append((stem, run))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from hpcorch.controller.snapshot import build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
-from hpcorch.policy.types import CompletedJob, Plan, PlanError, Policy, validate_plan
+from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
 
@@ -44,7 +44,7 @@ def _log(msg: str) -> None:
     print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
 
 
-def _int(tags: dict[str, str], key: str, default: int) -> int:
+def _int(tags: Mapping[str, str], key: str, default: int) -> int:
     value = tags.get(key, "")
     return int(value) if value.isdigit() else default
 
@@ -256,6 +256,11 @@ class Controller:
                 self._history_ids.add(rec.slurm_id)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
         pins = {sid: int(t["pin"]) for sid, t in tags.items() if t.get("pin", "").isdigit()}
+        requests = {
+            sid: (_int(t, "req", 0), _int(t, "reqbatch", 0))
+            for sid, t in tags.items()
+            if "req" in t or "reqbatch" in t
+        }
         active = [r for r in records if r.active]
         snapshot = build_snapshot(
             now,
@@ -266,14 +271,17 @@ class Controller:
             pins,
             self.config.round_s,
             self.config.restart_cost_s,
+            requests,
         )
         t0 = time.perf_counter()
         try:
             plan = self.policy.schedule(snapshot)
             validate_plan(snapshot, plan)
         except PlanError as exc:
+            # An empty plan would preempt every job: keep every allocation as it is.
             self.log(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
-            plan = Plan()
+            self.last_decision_s = time.perf_counter() - t0
+            return self.last_decision_s, []
         decision_s = time.perf_counter() - t0
         self.last_decision_s = decision_s
         targets = plan.by_id()

@@ -15,6 +15,7 @@ import numpy as np
 
 from hpcorch.cluster import PoolNode
 from hpcorch.controller.store import JobRecord, Sample
+from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
 
@@ -52,11 +53,16 @@ def job_view(
     pool_index: Mapping[str, int],
     pool_gpus: int,
     pin: int | None = None,
+    request: tuple[int, int] | None = None,
     down: frozenset[int] = frozenset(),
 ) -> JobView:
+    """``request``: the GPUs and global batch the user asked for (default: the minimum
+    GPUs and the initial batch), which the policies that honour requests give it."""
     lo, hi = min(rec.min_gpus, pool_gpus), min(rec.max_gpus, pool_gpus)
     if pin is not None:
         lo = hi = max(1, min(pin, pool_gpus))
+    req_gpus, req_batch = request or (0, 0)
+    req_gpus = min(max(req_gpus, lo), max(hi, lo))
     if rec.phase in ("starting",):
         gpus, placement = rec.target_gpus, rec.placement()
     elif rec.phase in ("running", "stopping"):
@@ -65,6 +71,13 @@ def job_view(
         gpus, placement = 0, {}
     if sum(placement.values()) != gpus or set(placement) & down:
         gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
+    micro, accum = rec.micro_batch, max(1, rec.accum_steps)
+    if gpus and (not micro or rec.phase == "starting"):  # the split its launch will use
+        try:
+            split = plan_batch(max(rec.target_batch or rec.batch, gpus), gpus, rec.max_micro)
+            micro, accum = split.micro_batch, split.accum_steps
+        except BatchPlanError:
+            pass
     stats = noise_stats(samples, rec.batch)
     steps_per_epoch = rec.steps_per_epoch or 1.0
     epochs = rec.epochs or rec.epoch + 1
@@ -72,8 +85,8 @@ def job_view(
         job_id=str(rec.slurm_id),
         application=rec.app,
         submit_time=rec.submit_time,
-        requested_gpus=lo,
-        requested_batch=rec.batch,
+        requested_gpus=req_gpus,
+        requested_batch=req_batch or rec.batch,
         min_gpus=lo,
         max_gpus=max(hi, lo),
         min_batch=rec.batch,
@@ -85,8 +98,8 @@ def job_view(
         gpus=gpus,
         placement=placement,
         batch=rec.global_batch or rec.batch,
-        micro_batch=rec.micro_batch,
-        accum_steps=max(1, rec.accum_steps),
+        micro_batch=micro,
+        accum_steps=accum,
         epoch=rec.epoch,
         progress=rec.progress,
         grad_sqr=stats[0] if stats else None,
@@ -119,13 +132,23 @@ def build_snapshot(
     pins: Mapping[int, int],
     round_s: float,
     restart_cost_s: float,
+    requests: Mapping[int, tuple[int, int]] | None = None,
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
     total = sum(node_gpus)
     down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
+    req = requests or {}
     views = tuple(
-        job_view(r, samples.get(r.slurm_id, ()), pool_index, total, pins.get(r.slurm_id), down)
+        job_view(
+            r,
+            samples.get(r.slurm_id, ()),
+            pool_index,
+            total,
+            pins.get(r.slurm_id),
+            req.get(r.slurm_id),
+            down,
+        )
         for r in records
         if r.active
     )
