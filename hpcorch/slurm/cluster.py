@@ -138,7 +138,9 @@ class SlurmCluster:
 
     # --- files in the job directory -----------------------------------------------------
     def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        write_plan(Path(job_dir) / PLAN_FILE, plan)
+        directory = Path(job_dir)
+        directory.mkdir(parents=True, exist_ok=True)  # gone, or never made: the job needs it
+        write_plan(directory / PLAN_FILE, plan)
 
     def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
         path = Path(job_dir) / METRICS_FILE
