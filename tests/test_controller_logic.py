@@ -130,8 +130,10 @@ CFG = LoopConfig(
 )
 
 
-def controller(tmp_path: Path, cluster: FakeCluster) -> Controller:
-    return Controller(cluster, Store(tmp_path / "state.db"), SharePolicy(), CFG, log=lambda m: None)
+def controller(tmp_path: Path, cluster: FakeCluster, **settings: float) -> Controller:
+    """A controller on ``cluster`` with CFG, its Settings overridden by ``settings``."""
+    cfg = replace(CFG, settings=replace(CFG.settings, **settings))
+    return Controller(cluster, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
 
 
 def test_a_held_job_is_started_at_its_share(tmp_path: Path) -> None:
@@ -268,8 +270,7 @@ def test_a_corrupt_state_database_is_refused_and_left_alone(tmp_path: Path) -> N
 def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -> None:
     c = FakeCluster()
     c.add(1, 1, 8)
-    cfg = replace(CFG, settings=replace(CFG.settings, startup_s=600))
-    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl = controller(tmp_path, c, startup_s=600)
     ctl.cycle()
     ctl.cycle()
     c.add(2, 4, 4)
@@ -283,8 +284,7 @@ def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -
 def test_relaunch_waits_for_the_last_run_to_be_over(tmp_path: Path) -> None:
     c = FakeCluster()
     c.add(1, 1, 8)
-    cfg = replace(CFG, settings=replace(CFG.settings, relaunch_delay_s=2))
-    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lambda m: None)
+    ctl = controller(tmp_path, c, relaunch_delay_s=2)
     ctl.cycle()
     ctl.cycle()
     c.add(2, 4, 4)
