@@ -108,6 +108,8 @@ def job_view(
         run_time=rec.run_seconds,
         restarts=max(0, rec.launches - 1),
         profile=profile_of(samples),
+        predictable=bool(rec.predictable),
+        resizable=rec.movable,
     )
 
 

@@ -65,6 +65,10 @@ class JobView:
     """Seconds the job has held GPUs."""
     restarts: int = 0
     profile: tuple[StepSample, ...] = ()
+    predictable: bool = True
+    """False for a job that reports no progress: no throughput model can be fitted."""
+    resizable: bool = True
+    """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
 
     @property
     def running(self) -> bool:
