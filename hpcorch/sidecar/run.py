@@ -338,8 +338,8 @@ class Sidecar:
     # --- stopping ---------------------------------------------------------------------------
     def _deliver(self, proc: subprocess.Popen[bytes], name: str) -> None:
         num = signal_number(name)
-        if num in (signal.SIGUSR1, signal.SIGUSR2):
-            proc.send_signal(num)  # srun relays these to every task
+        if num in (signal.SIGUSR1, signal.SIGUSR2) or not self.job_id:
+            proc.send_signal(num)  # srun relays these to every task (or no srun at all)
             return
         # srun would end the step on any other signal: deliver it to the tasks themselves
         subprocess.run(
@@ -372,6 +372,10 @@ class Sidecar:
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         self.killed = True
         log(f"the script did not exit within {self.cfg.grace_s:.0f} s of the stop: killing it")
+        if not self.job_id:
+            proc.kill()
+            proc.wait()
+            return
         subprocess.run(
             ["scancel", "--signal=KILL", self.job_id],
             check=False,
@@ -428,8 +432,8 @@ class Sidecar:
         self.emit(line)
 
     def _relaunch(self) -> int:
-        if self.cfg.controlled:
-            log("stopped: the controller relaunches it")
+        if self.cfg.controlled or not self.job_id:
+            log("stopped: the controller relaunches it" if self.job_id else "stopped")
         else:
             log(f"stopped: requeueing job {self.job_id} to resume")
             done = subprocess.run(["scontrol", "requeue", self.job_id], check=False)
