@@ -21,9 +21,6 @@ import signal
 import subprocess
 from types import FrameType
 
-import torch
-from toy_training import finish, save_atomic, setup
-
 usr1 = False
 
 
@@ -42,6 +39,7 @@ def newest_hpc_ckpt(root: str) -> str | None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGUSR1, on_usr1)  # first: a signal while torch loads is not lost
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root-dir", default="lightning_root")
     p.add_argument("--max-steps", type=int, default=400)
@@ -52,7 +50,9 @@ def main() -> None:
     p.add_argument("--log-every", type=int, default=5)
     p.add_argument("--step-delay", type=float, default=0.0)
     args = p.parse_args()
-    signal.signal(signal.SIGUSR1, on_usr1)
+
+    import torch
+    from toy_training import finish, save_atomic, setup
 
     toy = setup(args.per_gpu_batch, args.lr, args.samples, args.seed)
     os.makedirs(args.root_dir, exist_ok=True)

@@ -17,9 +17,6 @@ import os
 import signal
 from types import FrameType
 
-import torch
-from toy_training import finish, save_atomic, setup
-
 stop = False
 
 
@@ -29,6 +26,7 @@ def on_term(signum: int, frame: FrameType | None) -> None:
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, on_term)  # first: a stop while torch loads is not lost
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--per-gpu-batch", type=int, default=32)
@@ -41,7 +39,11 @@ def main() -> None:
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work/step")
     p.add_argument("--ignore-signals", action="store_true", help="ignore SIGTERM (a bad script)")
     args = p.parse_args()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN if args.ignore_signals else on_term)
+    if args.ignore_signals:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    import torch
+    from toy_training import finish, save_atomic, setup
 
     toy = setup(args.per_gpu_batch, args.lr, args.samples, args.seed)
     os.makedirs(args.ckpt_dir, exist_ok=True)

@@ -257,6 +257,8 @@ class Controller:
     def _sidecar_event(self, rec: JobRecord, event: str, line: dict[str, Any]) -> None:
         """What the sidecar (or the runtime) says about stopping and resuming the job."""
         if event == "launch":
+            if rec.mode_detected:
+                return  # it uses the runtime: ready once the runtime reports its start
             rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
             rec.mode = "sidecar"
             rec.resumable = int(bool(line.get("resumable", rec.resumable)))

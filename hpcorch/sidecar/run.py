@@ -80,11 +80,12 @@ class Sidecar:
         self.stop_requested: float | None = None
         self.stop_started: float | None = None
         self.killed = False
-        self.managed = False
         self.runtime_offset = 0
         self.progress_offset = 0
         self.last_ckpt: Checkpoint | None = None
         self.prior = self._read_state()
+        # the script uses the runtime (found at this or an earlier launch): relay only
+        self.managed = bool(self.prior.get("managed"))
         self.resumed_reported = False
 
     # --- set-up ---------------------------------------------------------------------------
@@ -125,6 +126,7 @@ class Sidecar:
             "last_step": self.tracker.last_step,
             "time": time.time(),
             "outcome": outcome,
+            "managed": self.managed,
         }
         path = self.cfg.job_dir / SIDECAR_STATE_FILE
         tmp = path.with_suffix(".tmp")
@@ -376,16 +378,32 @@ class Sidecar:
             proc.kill()
             proc.wait()
             return
-        subprocess.run(
-            ["scancel", "--signal=KILL", self.job_id],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # SIGKILL for the whole job would cancel it: kill the training step(s) only
+        for step in self._steps():
+            subprocess.run(
+                ["scancel", "--signal=KILL", step],
+                check=False,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+    def _steps(self) -> list[str]:
+        """The job's running steps other than the batch and extern steps (``J.0`` ...)."""
+        found = subprocess.run(
+            ["squeue", "--steps", f"--jobs={self.job_id}", "--noheader", "--format=%i"],
+            check=False,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        return [
+            s
+            for s in found
+            if s.startswith(self.job_id + ".") and s.split(".", 1)[1] not in ("batch", "extern")
+        ]
 
     def _finish(self, rc: int) -> int:
         requeue = (self.cfg.job_dir / REQUEUE_REQUEST_FILE).exists()
