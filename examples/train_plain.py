@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default="checkpoints")
     p.add_argument("--ckpt-every", type=int, default=50)
+    p.add_argument("--ckpt-until", type=int, default=0, help="no periodic checkpoint after")
     p.add_argument("--resume", default=None, help="checkpoint to continue from")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work/step")
     p.add_argument("--ignore-signals", action="store_true", help="ignore SIGTERM (a bad script)")
@@ -64,7 +65,8 @@ def main() -> None:
         if toy.rank == 0:
             print(f"step {step}/{args.steps} loss {loss:.4f} world {toy.world}", flush=True)
         stopping = toy.any_rank(stop)
-        if stopping or step % args.ckpt_every == 0 or step == args.steps:
+        periodic = step % args.ckpt_every == 0 and not 0 < args.ckpt_until < step
+        if stopping or periodic or step == args.steps:
             save(step)
         if stopping:
             if toy.rank == 0:

@@ -178,10 +178,11 @@ def test_script_ignoring_the_stop_is_killed_and_resumes(
         env_pool, ctl, PLAIN, "--min-gpus", "2", "--grace", "3", "--ckpt-dir", str(ck),
         "--resume-arg", "--resume {ckpt}", "--progress-regex", STEP_RE,
         "--", "--ckpt-dir", str(ck), "--steps", "500", "--ckpt-every", "40",
-        "--step-delay", "0.02", "--ignore-signals",
+        "--ckpt-until", "40", "--step-delay", "0.02", "--ignore-signals",
     )  # fmt: skip
     wait_for("the job at 4 GPUs", lambda: running_at(ctl, job, 4), 120, ctl.log)
-    wait_for("a checkpoint", lambda: progressing(env_pool, ctl, job, 50), 120, ctl.log)
+    # one checkpoint (step 40), then steps that only that checkpoint can restart
+    wait_for("steps past it", lambda: progressing(env_pool, ctl, job, 50), 120, ctl.log)
     pin(env_pool, job, 2)
     wait_for("the job at 2", lambda: running_at(ctl, job, 2), 120, ctl.log)
     wait_for("the job done", lambda: ctl.phase(job) == "done", 400, ctl.log)
