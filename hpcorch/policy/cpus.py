@@ -72,23 +72,23 @@ def cpu_need(samples: Iterable[CpuSample], tolerance: float = TOLERANCE) -> CpuN
             waits[s.cpus_per_gpu] = max(waits.get(s.cpus_per_gpu, 0.0), frac)
     counts = sorted(set(rates) | set(waits))
     best = max(rates.values())
-    compared = len(rates) >= 2
+    measured = list(rates)
+    # Step time still falling from the second largest measured count to the largest.
+    falling = len(measured) >= 2 and rates[measured[-1]] >= (1 + tolerance) * rates[measured[-2]]
 
     def enough(c: int) -> bool:
         if c in waits:
             return waits[c] <= tolerance
-        return compared and c in rates and rates[c] >= (1 - tolerance) * best
+        return len(measured) >= 2 and not falling and rates[c] >= (1 - tolerance) * best
 
     ok = [c for c in counts if enough(c)]
     top = counts[-1]
     if ok:
         return CpuNeed(ok[0], 0, rates, waits)
-    lower = [c for c in rates if c < top]
-    falling = top in rates and bool(lower) and rates[top] >= (1 + tolerance) * rates[max(lower)]
     if top in waits:
         # Input takes 1 / (1 - wait) of the compute time: that many times the CPUs.
         nxt = math.ceil(top * (1 - tolerance) / (1 - waits[top]))
-    elif falling:
+    elif falling and top == measured[-1]:
         nxt = 2 * top
     else:
         return NO_NEED  # one count, no input waits measured: nothing to go on
