@@ -51,6 +51,32 @@ ENV_CKPT_INTERVAL = "HPCORCH_CKPT_INTERVAL"
 ENV_METRICS_INTERVAL = "HPCORCH_METRICS_INTERVAL"
 """Least seconds between two metrics lines (default 5)."""
 
+# --- the sidecar: a training script that does not use the runtime ----------------------
+ENV_MODE = "HPCORCH_MODE"
+"""managed (the script uses hpcorch.runtime) or sidecar (the wrapper stops and restarts it)."""
+ENV_STOP_SIGNAL = "HPCORCH_STOP_SIGNAL"
+"""Signal the sidecar sends the script to make it stop (default TERM)."""
+ENV_STOP_COMMAND = "HPCORCH_STOP_COMMAND"
+"""A shell command the sidecar runs instead of sending the stop signal."""
+ENV_STOP_GRACE = "HPCORCH_STOP_GRACE"
+"""Seconds the script has to exit after the stop signal before it is killed."""
+ENV_SCRIPT_CKPT_DIR = "HPCORCH_SCRIPT_CKPT_DIR"
+"""Where the script writes its own checkpoints."""
+ENV_RESUME_ARGS = "HPCORCH_RESUME_ARGS"
+"""JSON list of arguments appended to the script's on a relaunch ({ckpt}, {ckpt_dir})."""
+ENV_RESUME_CMD = "HPCORCH_RESUME_CMD"
+"""JSON list: the command that replaces the script's on a relaunch ({ckpt}, {ckpt_dir})."""
+ENV_PROGRESS_REGEX = "HPCORCH_PROGRESS_REGEX"
+"""Regular expression over the script's output that reports its step (and total)."""
+ENV_PROGRESS_FILE = "HPCORCH_PROGRESS_FILE"
+"""A JSON-lines file the script writes its progress to ({"step": ..., "total": ...})."""
+MODES = ("managed", "sidecar")
+SIDECAR_STATE_FILE = "sidecar.json"
+REQUEUE_REQUEST_FILE = "requeue-requested"
+"""Written when a script asks Slurm to requeue its own job under the controller."""
+DEFAULT_STOP_SIGNAL = "TERM"
+DEFAULT_STOP_GRACE_S = 60
+
 # --- files in a job directory -----------------------------------------------------------
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"

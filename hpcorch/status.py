@@ -30,6 +30,9 @@ class JobRow:
     micro_batch: int = 0
     accum_steps: int = 0
     samples_per_s: float = 0.0
+    mode: str = "managed"
+    """managed (the script uses the runtime) or sidecar; "(detected)" when found at launch."""
+    lost_steps: int = 0
 
     def batch_text(self) -> str:
         if not self.global_batch:
@@ -50,6 +53,8 @@ class Managed:
     accum_steps: int
     samples_per_s: float
     restarts: int
+    mode: str = "managed"
+    lost_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,8 @@ def job_rows(
                 micro_batch=m.micro_batch if m else 0,
                 accum_steps=m.accum_steps if m else 0,
                 samples_per_s=m.samples_per_s if m else 0.0,
+                mode=m.mode if m else fields.get("mode", "managed"),
+                lost_steps=m.lost_steps if m else 0,
             )
         )
     return rows
@@ -145,7 +152,8 @@ def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
         out.append("no hpcorch jobs")
         return "\n".join(out)
     managed = any(j.phase for j in jobs)
-    headers = ["JOBID", "NAME", "USER", "STATE", "GPUS", "MIN-MAX", "BATCH", "RESTARTS", "TIME"]
+    headers = ["JOBID", "NAME", "USER", "MODE", "STATE", "GPUS", "MIN-MAX", "BATCH", "RESTARTS"]
+    headers.append("TIME")
     headers += ["SAMPLES/S", "NODELIST", "REASON"] if managed else ["NODELIST(REASON)"]
     rows = []
     for j in jobs:
@@ -153,6 +161,7 @@ def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
             str(j.job_id),
             j.name,
             j.user,
+            j.mode,
             j.phase.upper()
             if (managed and j.phase and j.state != "PENDING") or j.phase == "queued"
             else j.state,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import sys
 import time
@@ -16,7 +17,20 @@ from hpcorch.paths import jobs_dir, wrapper_path
 from hpcorch.protocol import BATCH_SCRIPT_FILE, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.parse import SlurmNode
-from hpcorch.slurm.script import JobSpec, SpecError, choose_shape, render_batch_script
+from hpcorch.slurm.script import (
+    JobSpec,
+    SidecarSpec,
+    SpecError,
+    choose_shape,
+    render_batch_script,
+)
+
+RUNTIME_IMPORT = re.compile(
+    r"^\s*(import\s+hpcorch\.runtime\b|from\s+hpcorch\.runtime\b|"
+    r"from\s+hpcorch\s+import\s+[^#\n]*\bruntime\b)",
+    re.MULTILINE,
+)
+MODES = ("auto", "managed", "sidecar")
 
 
 @dataclass(frozen=True)
@@ -37,6 +51,10 @@ class SubmitRequest:
     pool: str | None = None
     """The controller's pool (a Slurm reservation): the job is held for the controller."""
     app: str | None = None
+    mode: str = "auto"
+    """auto (by whether the script imports hpcorch.runtime), managed or sidecar."""
+    sidecar: SidecarSpec | None = None
+    """The user's sidecar options, if any were given."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,32 @@ def resolve_partition(backend: SlurmBackend, wanted: str | None) -> str:
     return wanted
 
 
+def detect_mode(script: str | os.PathLike[str]) -> str:
+    """managed if the script imports hpcorch's runtime, else sidecar."""
+    try:
+        with open(script, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(1 << 20)
+    except OSError:
+        return "sidecar"
+    return "managed" if RUNTIME_IMPORT.search(text) else "sidecar"
+
+
+def resolve_mode(req: SubmitRequest) -> SidecarSpec | None:
+    """The sidecar spec of the job, or None when the script runs managed by the runtime."""
+    if req.mode not in MODES:
+        raise SubmitError(f"unknown mode '{req.mode}' (valid: {', '.join(MODES)})")
+    if req.mode == "managed":
+        if req.sidecar is not None:
+            raise SubmitError(
+                "--stop-signal, --stop-command, --grace, --ckpt-dir, --resume-arg, "
+                "--resume-cmd and the progress options apply only to --mode sidecar"
+            )
+        return None
+    if req.mode == "sidecar" or req.sidecar is not None:
+        return req.sidecar or SidecarSpec()
+    return None if detect_mode(req.script) == "managed" else SidecarSpec()
+
+
 def new_job_key(name: str) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
 
@@ -126,6 +170,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         app=req.app,
         time_limit=req.time_limit,
         python=sys.executable,
+        sidecar=resolve_mode(req),
     )
 
 

@@ -39,6 +39,16 @@ def error_line(stderr: str) -> str:
         ([SCRIPT, "--min-gpus", "1", "--batch-size", "64", "--max-batch-size", "32"], "above"),
         ([SCRIPT, "--min-gpus", "1", "--time", "soon"], "invalid time limit"),
         ([SCRIPT, "--min-gpus", "1", "--name", "my job"], "invalid job name"),
+        ([SCRIPT, "--min-gpus", "1", "--stop-signal", "SIGNOPE"], "unknown signal 'SIGNOPE'"),
+        ([SCRIPT, "--min-gpus", "1", "--progress-regex", "step ("], "does not compile"),
+        ([SCRIPT, "--min-gpus", "1", "--progress-regex", "step"], "captures nothing"),
+        ([SCRIPT, "--min-gpus", "1", "--resume-arg", "--resume {ckpt}"], "needs --ckpt-dir"),
+        ([SCRIPT, "--min-gpus", "1", "--resume-arg", "'unclosed"], "quotation"),
+        (
+            [SCRIPT, "--min-gpus", "1", "--stop-signal", "USR1", "--stop-command", "touch x"],
+            "not both",
+        ),
+        ([SCRIPT, "--min-gpus", "1", "--mode", "hybrid"], "'hybrid' is not one of"),
     ],
 )
 def test_usage_errors_exit_2(no_slurm: Path, args: list[str], needle: str) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from hpcorch.slurm.script import (
     JobSpec,
+    SidecarSpec,
     SpecError,
     choose_shape,
     parse_comment,
@@ -51,6 +52,28 @@ def test_matches_golden_file() -> None:
     if os.environ.get("HPCORCH_UPDATE_GOLDEN"):
         GOLDEN.write_text(text)
     assert text == GOLDEN.read_text()
+
+
+GOLDEN_SIDECAR = Path(__file__).parent / "golden" / "batch_script_sidecar.sbatch"
+
+
+def test_sidecar_script_matches_golden_file() -> None:
+    """Every sidecar option reaches the wrapper as an environment variable, quoted."""
+    side = SidecarSpec(
+        stop_signal="USR1",
+        grace_s=90,
+        ckpt_dir="/home/u/run 1/ckpt",
+        resume_args=("--resume", "{ckpt}"),
+        progress_regex=r"step (\d+)/(\d+) loss=\S+ '$x'",
+        progress_file="/home/u/progress.jsonl",
+    )
+    text = render_batch_script(spec(sidecar=side, managed=True, reservation="pool"))
+    if os.environ.get("HPCORCH_UPDATE_GOLDEN"):
+        GOLDEN_SIDECAR.write_text(text)
+    assert text == GOLDEN_SIDECAR.read_text()
+    assert ",mode=sidecar,grace=90," in text
+    unresumable = render_batch_script(spec(sidecar=SidecarSpec()))
+    assert "resume=no" in unresumable and "progress=no" in unresumable
 
 
 def test_script_arguments_reach_the_wrapper_unchanged(tmp_path: Path) -> None:

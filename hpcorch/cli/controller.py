@@ -190,6 +190,16 @@ def describe(job_id: int, state_dir: str | None) -> None:
         f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
     )
     click.echo(f"  directory {rec.job_dir or '?'}")
+    mode = rec.mode + (" (detected at launch)" if rec.mode_detected else "")
+    if rec.mode == "sidecar":
+        movable = "resizable" if rec.movable else rec.fixed_reason()
+        progress = "reports progress" if rec.predictable else "no progress source (LAS)"
+        click.echo(
+            f"  mode {mode}: {movable}; {progress}; checkpoints seen {rec.checkpoints}; "
+            f"steps lost to stops {rec.lost_steps}; killed after the grace {rec.kills}"
+        )
+    else:
+        click.echo(f"  mode {mode}")
     rows = []
     for d in store.decisions(job_id):
         took = f"{d.done_at - d.time:.2f}s" if d.done_at else "-"

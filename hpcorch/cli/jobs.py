@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import getpass
 import json
+import shlex
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.sidecar.config import SidecarError, check_regex, signal_number
 from hpcorch.slurm.factory import make_backend
-from hpcorch.slurm.script import SpecError, check_name, check_time, parse_comment
+from hpcorch.slurm.script import SidecarSpec, SpecError, check_name, check_time, parse_comment
 from hpcorch.status import Managed, job_rows, pool_rows, render_status, status_document
 from hpcorch.submit import SubmitRequest
 from hpcorch.submit import submit as submit_job
@@ -20,6 +24,95 @@ from hpcorch.submit import submit as submit_job
 
 def _fail(exc: HpcorchError) -> click.ClickException:
     return click.ClickException(str(exc))
+
+
+def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The options of a script that does not use hpcorch's runtime."""
+    opts = [
+        click.option(
+            "--mode",
+            type=click.Choice(["auto", "managed", "sidecar"]),
+            default="auto",
+            show_default=True,
+            help="managed: the script uses hpcorch.runtime; sidecar: hpcorch stops and "
+            "restarts it; auto: managed if the script imports hpcorch.runtime.",
+        ),
+        click.option("--stop-signal", help="Sidecar: signal that stops the script [TERM]."),
+        click.option("--stop-command", help="Sidecar: shell command that stops the script."),
+        click.option(
+            "--grace",
+            type=click.IntRange(min=0),
+            help="Sidecar: seconds the script has to exit before it is killed [60].",
+        ),
+        click.option(
+            "--ckpt-dir",
+            type=click.Path(file_okay=False),
+            help="Sidecar: where the script writes its checkpoints.",
+        ),
+        click.option(
+            "--resume-arg",
+            "resume_args",
+            multiple=True,
+            help="Sidecar: arguments added on a relaunch, e.g. '--resume {ckpt}' "
+            "({ckpt}: the newest file in --ckpt-dir).",
+        ),
+        click.option("--resume-cmd", help="Sidecar: the command line of a relaunch instead."),
+        click.option(
+            "--progress-regex",
+            help=r"Sidecar: regex over the script's output, e.g. 'step (\d+)/(\d+)'.",
+        ),
+        click.option(
+            "--progress-file",
+            type=click.Path(dir_okay=False),
+            help='Sidecar: JSON-lines file the script writes, e.g. {"step": 10, "total": 900}.',
+        ),
+    ]
+    for opt in reversed(opts):
+        f = opt(f)
+    return f
+
+
+def sidecar_spec(
+    stop_signal: str | None,
+    stop_command: str | None,
+    grace: int | None,
+    ckpt_dir: str | None,
+    resume_args: tuple[str, ...],
+    resume_cmd: str | None,
+    progress_regex: str | None,
+    progress_file: str | None,
+) -> SidecarSpec | None:
+    """The sidecar options as given, checked; None when none was given."""
+    given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex)
+    if all(v is None for v in given) and not resume_args and progress_file is None:
+        return None
+    try:
+        if stop_signal is not None:
+            signal_number(stop_signal)
+        if progress_regex is not None:
+            check_regex(progress_regex)
+        args = tuple(a for text in resume_args for a in shlex.split(text))
+        cmd = tuple(shlex.split(resume_cmd)) if resume_cmd is not None else ()
+    except (SidecarError, ValueError) as exc:
+        raise click.UsageError(str(exc)) from exc
+    if stop_signal is not None and stop_command is not None:
+        raise click.UsageError("give --stop-signal or --stop-command, not both")
+    if resume_cmd is not None and not cmd:
+        raise click.UsageError("--resume-cmd is empty")
+    if args and cmd:
+        raise click.UsageError("give --resume-arg or --resume-cmd, not both")
+    if ckpt_dir is None and any("{ckpt}" in a for a in (*args, *cmd)):
+        raise click.UsageError("{ckpt} in the resume arguments needs --ckpt-dir")
+    return SidecarSpec(
+        stop_signal=(stop_signal or "TERM").strip().upper().removeprefix("SIG"),
+        stop_command=stop_command,
+        grace_s=60 if grace is None else grace,
+        ckpt_dir=str(Path(ckpt_dir).resolve()) if ckpt_dir else None,
+        resume_args=args,
+        resume_cmd=cmd,
+        progress_regex=progress_regex,
+        progress_file=str(Path(progress_file).resolve()) if progress_file else None,
+    )
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -46,6 +139,7 @@ def _fail(exc: HpcorchError) -> click.ClickException:
 @click.option("--app", help="Application name; jobs of one application share a model.")
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
+@sidecar_options
 def submit(
     script: str,
     script_args: tuple[str, ...],
@@ -62,6 +156,15 @@ def submit(
     app: str | None,
     dry_run: bool,
     parsable: bool,
+    mode: str,
+    stop_signal: str | None,
+    stop_command: str | None,
+    grace: int | None,
+    ckpt_dir: str | None,
+    resume_args: tuple[str, ...],
+    resume_cmd: str | None,
+    progress_regex: str | None,
+    progress_file: str | None,
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with SCRIPT_ARGS.
 
@@ -86,6 +189,16 @@ def submit(
         raise click.UsageError(str(exc)) from exc
     if script_args[:1] == ("--",):
         script_args = script_args[1:]
+    sidecar = sidecar_spec(
+        stop_signal,
+        stop_command,
+        grace,
+        ckpt_dir,
+        resume_args,
+        resume_cmd,
+        progress_regex,
+        progress_file,
+    )
     req = SubmitRequest(
         script=script,
         script_args=script_args,
@@ -100,6 +213,8 @@ def submit(
         max_per_gpu_batch=max_per_gpu_batch,
         pool=pool or None,
         app=app,
+        mode=mode,
+        sidecar=sidecar,
     )
     try:
         result = submit_job(req, make_backend(), dry_run=dry_run)
@@ -153,6 +268,8 @@ def _managed(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | Non
                 r.accum_steps,
                 r.samples_per_s,
                 r.launches,
+                r.mode + (" (detected)" if r.mode_detected else ""),
+                r.lost_steps,
             )
             for r in store.jobs()
         }

@@ -23,6 +23,7 @@ from hpcorch.controller.snapshot import build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
+from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
@@ -168,6 +169,10 @@ class Controller:
             target_gpus=j.gpus if phase in ("running", "starting") else 0,
             slurm_restarts=j.restarts,
             reason="adopted" if phase != "queued" else "waiting for GPUs",
+            mode="sidecar" if t.get("mode") == "sidecar" else "managed",
+            resumable=0 if t.get("resume") == "no" else 1,
+            predictable=0 if t.get("progress") == "no" else 1,
+            stop_grace_s=float(_int(t, "grace", 0)),
         )
         if phase == "starting" and not rec.target_gpus:
             rec.target_gpus = rec.min_gpus
@@ -203,6 +208,9 @@ class Controller:
 
     def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
         event = line.get("event")
+        if event in ("launch", "mode", "checkpoint", "resumed", "stop"):
+            self._sidecar_event(rec, event, line)
+            return None
         if event == "start":
             rec.ready = 1
             epochs, size = line.get("epochs"), line.get("dataset_size")
@@ -221,6 +229,10 @@ class Controller:
             step = int(line.get("step", 0))
         except (KeyError, TypeError, ValueError):
             return None
+        total = line.get("total_steps")
+        if isinstance(total, int) and total > 0 and rec.mode == "sidecar":
+            rec.epochs = rec.epochs or 1
+            rec.steps_per_epoch = total * batch / max(1, rec.batch) / rec.epochs
         rec.global_batch = batch
         rec.micro_batch = int(line.get("per_gpu_batch") or 0)
         rec.accum_steps = int(line.get("accum_steps") or 1)
@@ -241,6 +253,36 @@ class Controller:
             noise_scale=float(noise) if isinstance(noise, int | float) else None,
             step=step,
         )
+
+    def _sidecar_event(self, rec: JobRecord, event: str, line: dict[str, Any]) -> None:
+        """What the sidecar (or the runtime) says about stopping and resuming the job."""
+        if event == "launch":
+            if rec.mode_detected:
+                return  # it uses the runtime: ready once the runtime reports its start
+            rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
+            rec.mode = "sidecar"
+            rec.resumable = int(bool(line.get("resumable", rec.resumable)))
+            rec.predictable = int(bool(line.get("predictable", rec.predictable)))
+            rec.needs_ckpt = int(bool(line.get("watches_checkpoints", rec.needs_ckpt)))
+        elif event == "mode" and line.get("mode") == "managed":
+            rec.mode, rec.mode_detected = "managed", 1
+            rec.resumable = rec.predictable = 1
+            self.log(f"job {rec.slurm_id} uses hpcorch's runtime: managed mode")
+        elif event == "checkpoint":
+            rec.checkpoints += 1
+        elif event == "resumed":
+            lost = line.get("lost_steps")
+            if isinstance(lost, int) and lost > 0:
+                rec.lost_steps += lost
+                self.log(
+                    f"job {rec.slurm_id} resumed at step {line.get('step')}: {lost} steps lost"
+                )
+        elif event == "stop" and line.get("graceful") is False:
+            rec.kills += 1
+            self.log(
+                f"job {rec.slurm_id} ignored its stop signal and was killed after "
+                f"{line.get('waited_s')} s"
+            )
 
     # --- scheduling ---------------------------------------------------------------------
     def _schedule(
@@ -275,7 +317,7 @@ class Controller:
         )
         t0 = time.perf_counter()
         try:
-            plan = self.policy.schedule(snapshot)
+            plan = split_schedule(self.policy, snapshot)
             validate_plan(snapshot, plan)
         except PlanError as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
@@ -293,6 +335,9 @@ class Controller:
                 continue
             if unusable & set(rec.node_list.split(",")):
                 continue  # on a failed node: Slurm requeues it; nothing to ask of it
+            if rec.phase == "running" and not rec.movable:
+                rec.reason = rec.fixed_reason()
+                continue
             jp = targets.get(str(rec.slurm_id))
             gpus = jp.gpus if jp else 0
             if jp is not None:

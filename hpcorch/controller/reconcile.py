@@ -238,8 +238,9 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.node_list = ",".join(job.node_names)
     if rec.phase == "stopping":
         waited = now - rec.phase_since
-        if waited > s.grace_s:
-            why = f"no checkpoint within {s.grace_s:.0f} s: requeued by force"
+        grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
+        if waited > grace:
+            why = f"no checkpoint within {grace:.0f} s: requeued by force"
             out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
             out.events.append(f"forced: {why}")
             rec.reason = why

@@ -71,6 +71,8 @@ def job_view(
         gpus, placement = 0, {}
     if sum(placement.values()) != gpus or set(placement) & down:
         gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
+    if gpus and not rec.movable:  # it keeps what it has, whatever its bounds say now
+        lo, hi = min(lo, gpus), max(hi, gpus)
     micro, accum = rec.micro_batch, max(1, rec.accum_steps)
     if gpus and (not micro or rec.phase == "starting"):  # the split its launch will use
         try:
@@ -108,6 +110,8 @@ def job_view(
         run_time=rec.run_seconds,
         restarts=max(0, rec.launches - 1),
         profile=profile_of(samples),
+        predictable=bool(rec.predictable),
+        resizable=rec.movable,
     )
 
 

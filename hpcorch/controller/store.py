@@ -20,7 +20,22 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+_ADDED_COLUMNS = {
+    2: (
+        "mode TEXT NOT NULL DEFAULT 'managed'",
+        "mode_detected INTEGER NOT NULL DEFAULT 0",
+        "resumable INTEGER NOT NULL DEFAULT 1",
+        "predictable INTEGER NOT NULL DEFAULT 1",
+        "needs_ckpt INTEGER NOT NULL DEFAULT 0",
+        "checkpoints INTEGER NOT NULL DEFAULT 0",
+        "lost_steps INTEGER NOT NULL DEFAULT 0",
+        "kills INTEGER NOT NULL DEFAULT 0",
+        "stop_grace_s REAL NOT NULL DEFAULT 0",
+    )
+}
+"""Columns each schema version added to ``jobs``: an older database gains them on open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
 FINAL_PHASES = ("done", "failed", "cancelled", "lost")
@@ -124,6 +139,39 @@ class JobRecord:
     """1 once the current launch reported that training started (it can checkpoint)."""
     slurm_restarts: int = 0
     """Slurm's restart count of the job when last seen."""
+    mode: str = "managed"
+    """managed (the script uses the runtime) or sidecar."""
+    mode_detected: int = 0
+    """1 when the mode was found at launch rather than declared at submit."""
+    resumable: int = 1
+    """0 for a sidecar job whose script keeps no checkpoint: never stopped to resize."""
+    predictable: int = 1
+    """0 for a sidecar job with no progress source: scheduled by attained service."""
+    needs_ckpt: int = 0
+    """1 when its checkpoint directory is watched: resizable once a checkpoint is there."""
+    checkpoints: int = 0
+    """Checkpoints the job reported (or the sidecar saw) so far."""
+    lost_steps: int = 0
+    """Steps done again after stops, as the relaunches reported them."""
+    kills: int = 0
+    """Stops where the script ignored the stop signal and was killed after the grace."""
+    stop_grace_s: float = 0.0
+    """The sidecar's grace period for this job's script (0: managed)."""
+
+    @property
+    def movable(self) -> bool:
+        """Whether the job can be stopped and resumed (resized, preempted) now."""
+        if self.mode != "sidecar":
+            return True
+        return bool(self.resumable) and (not self.needs_ckpt or self.checkpoints > 0)
+
+    def fixed_reason(self) -> str:
+        if not self.resumable:
+            return (
+                "not resizable: its script keeps no checkpoint (submit with --ckpt-dir, "
+                "--resume-arg or --resume-cmd)"
+            )
+        return "not resizable until its first checkpoint"
 
     @property
     def active(self) -> bool:
@@ -177,6 +225,13 @@ class CycleStats:
 _JOB_FIELDS = [f.name for f in fields(JobRecord)]
 
 
+def _job(row: sqlite3.Row) -> JobRecord:
+    """A record from a row; columns an older database lacks keep their defaults (a
+    read-only reader does not migrate)."""
+    have = set(row.keys())
+    return JobRecord(**{k: row[k] for k in _JOB_FIELDS if k in have})
+
+
 class Store:
     """Typed access to the state database. One writer (the controller); readers any."""
 
@@ -211,12 +266,23 @@ class Store:
     def _check_version(self) -> None:
         row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
+            self._migrate(0)
             self.db.execute("INSERT INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) < SCHEMA_VERSION:
+            self._migrate(int(row[0]))
+            self.db.execute("UPDATE meta SET value=? WHERE key='schema'", (str(SCHEMA_VERSION),))
         elif int(row[0]) != SCHEMA_VERSION:
             raise StateError(
                 f"state database {self.path} has schema {row[0]}; this hpcorch uses "
                 f"{SCHEMA_VERSION}"
             )
+
+    def _migrate(self, version: int) -> None:
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
+        for v in range(version + 1, SCHEMA_VERSION + 1):
+            for column in _ADDED_COLUMNS.get(v, ()):
+                if column.split()[0] not in have:
+                    self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
 
     def close(self) -> None:
         self.db.close()
@@ -245,11 +311,11 @@ class Store:
         if active_only:
             sql += f" WHERE phase IN ({','.join('?' * len(ACTIVE_PHASES))})"
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
-        return [JobRecord(**{k: r[k] for k in _JOB_FIELDS}) for r in rows]
+        return [_job(r) for r in rows]
 
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()
-        return None if r is None else JobRecord(**{k: r[k] for k in _JOB_FIELDS})
+        return None if r is None else _job(r)
 
     def put_job(self, rec: JobRecord) -> None:
         values = asdict(rec)

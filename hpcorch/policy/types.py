@@ -88,6 +88,10 @@ class JobView:
     """CPUs per GPU of the current allocation (0 = not known / site default)."""
     cpu_profile: tuple[CpuSample, ...] = ()
     """Step times measured at the CPUs-per-GPU counts the job ran with."""
+    predictable: bool = True
+    """False for a job that reports no progress: no throughput model can be fitted."""
+    resizable: bool = True
+    """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
 
     @property
     def running(self) -> bool:

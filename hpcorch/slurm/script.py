@@ -8,6 +8,7 @@ does not parse those lines with a shell.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from collections.abc import Sequence
@@ -23,6 +24,15 @@ from hpcorch.protocol import (
     ENV_MAX_GLOBAL_BATCH,
     ENV_MAX_PER_GPU_BATCH,
     ENV_MIN_GLOBAL_BATCH,
+    ENV_MODE,
+    ENV_PROGRESS_FILE,
+    ENV_PROGRESS_REGEX,
+    ENV_RESUME_ARGS,
+    ENV_RESUME_CMD,
+    ENV_SCRIPT_CKPT_DIR,
+    ENV_STOP_COMMAND,
+    ENV_STOP_GRACE,
+    ENV_STOP_SIGNAL,
     JOB_COMMENT_TAG,
 )
 
@@ -33,6 +43,46 @@ SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@%=-]+$")
 
 class SpecError(ValueError):
     """A JobSpec field cannot be rendered."""
+
+
+@dataclass(frozen=True)
+class SidecarSpec:
+    """How the sidecar stops, resumes and watches a script that does not use the runtime."""
+
+    stop_signal: str = "TERM"
+    stop_command: str | None = None
+    grace_s: int = 60
+    ckpt_dir: str | None = None
+    """Where the script writes its own checkpoints (absolute)."""
+    resume_args: tuple[str, ...] = ()
+    resume_cmd: tuple[str, ...] = ()
+    progress_regex: str | None = None
+    progress_file: str | None = None
+
+    @property
+    def resumable(self) -> bool:
+        return bool(self.ckpt_dir or self.resume_args or self.resume_cmd)
+
+    @property
+    def predictable(self) -> bool:
+        return bool(self.progress_regex or self.progress_file)
+
+    def env(self) -> list[tuple[str, str]]:
+        out = [(ENV_MODE, "sidecar"), (ENV_STOP_SIGNAL, self.stop_signal)]
+        out.append((ENV_STOP_GRACE, str(self.grace_s)))
+        if self.stop_command:
+            out.append((ENV_STOP_COMMAND, self.stop_command))
+        if self.ckpt_dir:
+            out.append((ENV_SCRIPT_CKPT_DIR, self.ckpt_dir))
+        if self.resume_args:
+            out.append((ENV_RESUME_ARGS, json.dumps(list(self.resume_args))))
+        if self.resume_cmd:
+            out.append((ENV_RESUME_CMD, json.dumps(list(self.resume_cmd))))
+        if self.progress_regex:
+            out.append((ENV_PROGRESS_REGEX, self.progress_regex))
+        if self.progress_file:
+            out.append((ENV_PROGRESS_FILE, self.progress_file))
+        return out
 
 
 @dataclass(frozen=True)
@@ -64,6 +114,8 @@ class JobSpec:
     managed: bool = False
     """Submitted into a controller's pool: held until the controller starts it."""
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    sidecar: SidecarSpec | None = None
+    """Set: the script does not use the runtime; the wrapper runs it under the sidecar."""
 
     @property
     def gpus(self) -> int:
@@ -78,6 +130,12 @@ class JobSpec:
             parts.append(f"maxbatch={self.max_global_batch}")
         if self.max_per_gpu_batch:
             parts.append(f"micro={self.max_per_gpu_batch}")
+        if self.sidecar is not None:
+            parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
+            if not self.sidecar.resumable:
+                parts.append("resume=no")
+            if not self.sidecar.predictable:
+                parts.append("progress=no")
         if self.managed:
             parts += [f"app={self.app or self.name}", f"dir={self.job_dir}"]
         return f"{JOB_COMMENT_TAG}:" + ",".join(parts)
@@ -170,6 +228,8 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append(("HPCORCH_PYTHON", spec.python))
     if spec.managed:
         env.append(("HPCORCH_CONTROLLED", "1"))
+    if spec.sidecar is not None:
+        env += spec.sidecar.env()
     env += list(spec.extra_env)
     lines = [
         "#!/bin/bash",

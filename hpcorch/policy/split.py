@@ -1,0 +1,105 @@
+"""Jobs a policy cannot model, set apart before it runs (after AITurbo's split).
+
+* A running job that cannot be resized (its script keeps no checkpoint hpcorch can restart
+  it from) keeps the GPUs it has: moving it would lose its work.
+* Unpredictable jobs (their script reports no progress, so no throughput model can be
+  fitted) get GPUs by discretized least attained service at the GPU count they asked for,
+  within their share of the pool (their number over all jobs), as AITurbo's multi-level
+  feedback queue orders its jobs.
+* The policy schedules the rest on the GPUs left.
+
+Pure: a snapshot and a policy in, a plan out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from hpcorch.policy.common import free_gpus, job_plan, keep_plan, place_packed
+from hpcorch.policy.types import (
+    JobPlan,
+    JobView,
+    Plan,
+    Policy,
+    Snapshot,
+    planned_cpus_per_gpu,
+)
+
+LEVELS_GPU_H = (1.0, 4.0, 16.0)
+"""Attained-service thresholds (GPU-hours) of the feedback queue's levels."""
+
+
+def level(job: JobView) -> int:
+    hours = job.attained_service / 3600.0
+    return sum(hours >= t for t in LEVELS_GPU_H)
+
+
+def _want(job: JobView) -> int:
+    if job.running:
+        return job.gpus
+    return min(max(job.requested_gpus, job.min_gpus), job.max_gpus)
+
+
+def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
+    """``policy``'s plan for the predictable, movable jobs, and the fixed and
+    least-attained-service allocations of the others."""
+    fixed = [j for j in snapshot.jobs if j.running and not j.resizable]
+    fixed_ids = {j.job_id for j in fixed}
+    unpredictable = [j for j in snapshot.jobs if not j.predictable and j.job_id not in fixed_ids]
+    if not fixed and not unpredictable:
+        return policy.schedule(snapshot)
+    plans: list[JobPlan] = [keep_plan(j) for j in fixed]
+    free = free_gpus(snapshot, {j.job_id: j.placement for j in fixed})
+    if unpredictable:
+        plans += _least_attained(snapshot, unpredictable, free, fixed_ids)
+    taken = {p.job_id for p in plans} | {j.job_id for j in unpredictable}
+    rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
+    if rest:
+        cpus = _free_cpus(snapshot, plans)
+        inner = policy.schedule(replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=rest))
+        plans += inner.jobs
+    return Plan(tuple(plans))
+
+
+def _free_cpus(snapshot: Snapshot, plans: list[JobPlan]) -> tuple[int, ...]:
+    """The pool's CPUs per node less what ``plans`` hold (empty: CPUs not managed)."""
+    if not snapshot.manages_cpus:
+        return snapshot.node_cpus
+    jobs = {j.job_id: j for j in snapshot.jobs}
+    free = list(snapshot.node_cpus)
+    for p in plans:
+        per_gpu = planned_cpus_per_gpu(snapshot, jobs[p.job_id], p)
+        for node, n in p.placement.items():
+            free[node] -= n * per_gpu
+    return tuple(max(0, c) for c in free)
+
+
+def _least_attained(
+    snapshot: Snapshot, jobs: list[JobView], free: list[int], fixed_ids: set[str]
+) -> list[JobPlan]:
+    """Admit ``jobs`` in (service level, arrival) order within their share; ``free`` is
+    updated in place."""
+    others = len(snapshot.jobs) - len(fixed_ids)
+    share = math.ceil(sum(free) * len(jobs) / max(1, others))
+    admitted: list[JobView] = []
+    used = 0
+    for job in sorted(jobs, key=lambda j: (level(j), j.submit_time, j.job_id)):
+        want = _want(job)
+        if used and used + want > share:
+            continue
+        admitted.append(job)
+        used += want
+    plans: list[JobPlan] = []
+    running = [j for j in admitted if j.running]
+    for job in running:  # they stay where they are
+        for node, n in job.placement.items():
+            free[node] -= n
+        plans.append(keep_plan(job))
+    for job in admitted:
+        if job.running:
+            continue
+        placement = place_packed(free, _want(job))
+        if placement is not None:
+            plans.append(job_plan(job, placement, job.requested_batch))
+    return plans

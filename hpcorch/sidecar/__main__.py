@@ -1,0 +1,5 @@
+import sys
+
+from hpcorch.sidecar.run import main
+
+sys.exit(main())

@@ -1,0 +1,323 @@
+"""The sidecar's pure parts, and the sidecar process around a real script (no Slurm)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcorch.policy.split import split_schedule
+from hpcorch.policy.types import JobView, Plan, Snapshot, validate_plan
+from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
+from hpcorch.sidecar.config import (
+    Progress,
+    ProgressTracker,
+    SidecarConfig,
+    SidecarError,
+    check_regex,
+    config_from_env,
+    latest_checkpoint,
+    launch_command,
+    parse_json_line,
+    parse_output_line,
+    signal_number,
+)
+from hpcorch.submit import detect_mode
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- configuration ---------------------------------------------------------------------------
+def test_config_from_env_reads_every_option(tmp_path: Path) -> None:
+    env = {
+        "HPCORCH_JOB_DIR": str(tmp_path),
+        "HPCORCH_STOP_SIGNAL": "sigusr1",
+        "HPCORCH_STOP_GRACE": "7",
+        "HPCORCH_SCRIPT_CKPT_DIR": "ck",
+        "HPCORCH_RESUME_ARGS": json.dumps(["--resume", "{ckpt}"]),
+        "HPCORCH_PROGRESS_REGEX": r"step (\d+)/(\d+)",
+        "HPCORCH_CONTROLLED": "1",
+    }
+    cfg = config_from_env(env, tmp_path)
+    assert cfg.stop_signal == "USR1" and cfg.grace_s == 7.0
+    assert cfg.ckpt_dir == tmp_path / "ck" and cfg.resume_args == ("--resume", "{ckpt}")
+    assert cfg.resumable and cfg.predictable and cfg.controlled
+
+
+@pytest.mark.parametrize(
+    "key, value, message",
+    [
+        ("HPCORCH_STOP_SIGNAL", "NOPE", "unknown signal 'NOPE'"),
+        ("HPCORCH_STOP_GRACE", "soon", "must be a number of seconds"),
+        ("HPCORCH_RESUME_ARGS", "--resume", "must be a JSON list of strings"),
+        ("HPCORCH_PROGRESS_REGEX", "step (", "does not compile"),
+        ("HPCORCH_PROGRESS_REGEX", "step", "captures nothing"),
+        ("HPCORCH_RESUME_ARGS", '["--resume", "{ckpt}"]', "no checkpoint directory"),
+    ],
+)
+def test_config_errors_name_the_problem(tmp_path: Path, key: str, value: str, message: str) -> None:
+    with pytest.raises(SidecarError, match=message):
+        config_from_env({"HPCORCH_JOB_DIR": str(tmp_path), key: value}, tmp_path)
+
+
+def test_signal_numbers() -> None:
+    assert signal_number("TERM") == signal_number("SIGTERM") == signal_number("15") == 15
+    with pytest.raises(SidecarError):
+        signal_number("SIGFOO")
+
+
+# --- progress ----------------------------------------------------------------------------------
+def test_output_lines_positional_and_named_groups() -> None:
+    rx = check_regex(r"step (\d+)/(\d+)")
+    assert parse_output_line(rx, "epoch 0 step 12/400 loss 0.5") == Progress(12, 400)
+    assert parse_output_line(rx, "nothing here") is None
+    named = check_regex(r"it=(?P<step>\d+) loss=(?P<loss>[\d.]+)")
+    assert parse_output_line(named, "it=7 loss=0.25") == Progress(7, None, None, 0.25)
+
+
+def test_json_lines() -> None:
+    assert parse_json_line('{"step": 5, "total": 10, "loss": 1.5}') == Progress(5, 10, None, 1.5)
+    assert parse_json_line('{"loss": 1.5}') is None
+    assert parse_json_line("not json") is None
+
+
+def test_tracker_measures_step_time_without_start_up() -> None:
+    t = ProgressTracker(gpus=2, global_batch=64, per_gpu_batch=32, interval_s=0.0)
+    t.update(Progress(1), 100.0)  # after 100 s of start-up
+    for i in range(2, 12):
+        t.update(Progress(i), 100.0 + 0.5 * (i - 1))
+    t.update(Progress(5), 200.0)  # another rank's stale line: ignored
+    assert t.step_time() == pytest.approx(0.5)
+    line = t.due(110.0)
+    assert line is not None and line["step"] == 11 and line["samples_per_s"] == pytest.approx(128)
+    assert t.due(111.0) is None  # nothing new
+    assert t.step_at(102.0) == 5
+
+
+# --- relaunch command --------------------------------------------------------------------------
+def _cfg(tmp_path: Path, **kw: object) -> SidecarConfig:
+    return SidecarConfig(job_dir=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_launch_command_appends_resume_args_only_with_a_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    cfg = _cfg(tmp_path, ckpt_dir=ck, resume_args=("--resume", "{ckpt}"))
+    cmd = ["python", "train.py", "--lr", "0.1"]
+    assert launch_command(cmd, cfg, None, 3, "python") == (cmd, False)
+    (ck / "a.pt").write_bytes(b"1")
+    (ck / ".b.pt.tmp").write_bytes(b"2")  # being written: not a checkpoint
+    latest = latest_checkpoint(ck)
+    assert latest is not None and latest.path.name == "a.pt"
+    new, resumed = launch_command(cmd, cfg, latest, 1, "python")
+    assert resumed and new == [*cmd, "--resume", str(ck / "a.pt")]
+
+
+def test_resume_command_replaces_the_script(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, resume_cmd=("train.py", "--resume-last"))
+    assert launch_command(["x"], cfg, None, 0, "py") == (["x"], False)
+    assert launch_command(["x"], cfg, None, 1, "py") == (["py", "train.py", "--resume-last"], True)
+
+
+def test_detect_mode(tmp_path: Path) -> None:
+    assert detect_mode(REPO / "examples" / "train_elastic.py") == "managed"
+    assert detect_mode(REPO / "examples" / "train_plain.py") == "sidecar"
+    other = tmp_path / "x.py"
+    other.write_text("from hpcorch import runtime as hr\n")
+    assert detect_mode(other) == "managed"
+    other.write_text("# import hpcorch.runtime is only mentioned here\nimport torch\n")
+    assert detect_mode(other) == "sidecar"
+
+
+# --- the split of fixed and unpredictable jobs ----------------------------------------------
+class Greedy:
+    """A stand-in policy: every job it sees gets its maximum where it fits."""
+
+    name = "greedy"
+
+    def __init__(self) -> None:
+        self.seen: list[Snapshot] = []
+
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        from hpcorch.policy.common import job_plan, place_packed
+
+        self.seen.append(snapshot)
+        free = list(snapshot.node_gpus)
+        out = []
+        for j in snapshot.jobs:
+            placement = place_packed(free, j.max_gpus)
+            if placement:
+                out.append(job_plan(j, placement, j.min_batch))
+        return Plan(tuple(out))
+
+
+def _job(job_id: str, **kw: object) -> JobView:
+    base: dict[str, object] = dict(
+        application="a",
+        submit_time=0.0,
+        requested_gpus=1,
+        requested_batch=32,
+        min_gpus=1,
+        max_gpus=4,
+        min_batch=32,
+        max_batch=32,
+        min_micro_batch=1,
+        max_micro_batch=32,
+        max_epochs=1,
+        progress_per_epoch_hint=10.0,
+    )
+    base.update(kw)
+    return JobView(job_id=job_id, **base)  # type: ignore[arg-type]
+
+
+def test_split_keeps_fixed_jobs_and_orders_unpredictable_by_attained_service() -> None:
+    fixed = _job(
+        "fixed",
+        gpus=2,
+        placement={0: 2},
+        batch=32,
+        micro_batch=16,
+        accum_steps=1,
+        resizable=False,
+        min_gpus=4,
+    )
+    old = _job("old", predictable=False, requested_gpus=2, attained_service=5 * 3600.0)
+    new = _job("new", predictable=False, requested_gpus=2, submit_time=50.0)
+    modelled = _job("modelled", submit_time=10.0)
+    snap = Snapshot(now=100.0, node_gpus=(4, 4), jobs=(fixed, old, new, modelled))
+    inner = Greedy()
+    plan = split_schedule(inner, snap).by_id()
+    assert plan["fixed"].placement == {0: 2}  # kept, though below its (new) minimum
+    # 6 free GPUs, 2 of 3 movable jobs unpredictable: a share of 4 -> both fit, the
+    # least-served first
+    assert plan["new"].gpus == 2 and plan["old"].gpus == 2
+    assert [j.job_id for j in inner.seen[0].jobs] == ["modelled"]
+    assert sum(inner.seen[0].node_gpus) == 2
+    validate_plan(snap, Plan(tuple(p for k, p in plan.items() if k != "fixed")))
+
+
+def test_split_share_leaves_the_most_served_unpredictable_job_waiting() -> None:
+    jobs = [
+        _job("u1", predictable=False, requested_gpus=4, attained_service=20 * 3600.0),
+        _job("u2", predictable=False, requested_gpus=4),
+        _job("m1", max_gpus=2),
+        _job("m2", max_gpus=2),
+    ]
+    plan = split_schedule(Greedy(), Snapshot(now=0.0, node_gpus=(4, 4), jobs=tuple(jobs)))
+    ids = plan.by_id()
+    assert "u2" in ids and "u1" not in ids  # share 4 of 8: the least served runs
+    assert {"m1", "m2"} <= set(ids)
+
+
+def test_split_is_a_no_op_without_special_jobs() -> None:
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(_job("a"),))
+    assert split_schedule(Greedy(), snap) == Greedy().schedule(snap)
+
+
+# --- the sidecar process around a real script -----------------------------------------------
+SCRIPT = """
+import json, os, signal, sys, time
+ck = sys.argv[1]
+start = 0
+if "--from" in sys.argv:
+    start = int(open(sys.argv[sys.argv.index("--from") + 1]).read())
+stop = False
+def on(sig, frame):
+    global stop
+    stop = True
+signal.signal(signal.SIGUSR1, signal.SIG_IGN if os.environ.get("IGNORE") else on)
+for step in range(start + 1, 400):
+    print(f"step {step}/400", flush=True)
+    time.sleep(0.02)
+    if step % 10 == 0 or stop:
+        with open(os.path.join(ck, ".tmp"), "w") as f:
+            f.write(str(step))
+        os.replace(os.path.join(ck, ".tmp"), os.path.join(ck, f"ck-{step:05d}"))
+    if stop:
+        sys.exit(0)
+"""
+
+
+def _run_sidecar(tmp_path: Path, launch: int, extra: dict[str, str]) -> subprocess.Popen[str]:
+    script = tmp_path / "s.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "ck").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCORCH_"))} | {
+        "HPCORCH_JOB_DIR": str(tmp_path / "job"),
+        "HPCORCH_LAUNCH": str(launch),
+        "HPCORCH_STOP_SIGNAL": "USR1",
+        "HPCORCH_STOP_GRACE": "2",
+        "HPCORCH_SCRIPT_CKPT_DIR": str(tmp_path / "ck"),
+        "HPCORCH_RESUME_CMD": json.dumps([str(script), str(tmp_path / "ck"), "--from", "{ckpt}"]),
+        "HPCORCH_PROGRESS_REGEX": r"step (\d+)/(\d+)",
+        "HPCORCH_METRICS_INTERVAL": "0.2",
+        "HPCORCH_PYTHON": sys.executable,
+        **extra,
+    }
+    cmd = [sys.executable, "-m", "hpcorch.sidecar", "0", sys.executable, str(script)]
+    cmd.append(str(tmp_path / "ck"))
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _events(tmp_path: Path) -> list[dict[str, object]]:
+    path = tmp_path / "job" / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def _wait_steps(tmp_path: Path, launch: int = 0) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        path = tmp_path / "job" / "metrics.jsonl"
+        events = _events(tmp_path) if path.exists() else []
+        if any(e.get("event") == "steps" and e.get("launch") == launch for e in events):
+            return
+        time.sleep(0.1)
+    raise AssertionError("no progress reported")
+
+
+def test_sidecar_stops_a_cooperative_script_and_resumes_it(tmp_path: Path) -> None:
+    proc = _run_sidecar(tmp_path, 0, {})
+    _wait_steps(tmp_path)
+    proc.send_signal(signal.SIGUSR2)  # the controller's checkpoint signal
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_RELAUNCH, err
+    ev = _events(tmp_path)
+    stop = [e for e in ev if e["event"] == "stop"][-1]
+    assert stop["graceful"] is True and stop["lost_steps_estimate"] == 0
+    last = stop["last_step"]
+    assert isinstance(last, int) and (tmp_path / "ck" / f"ck-{last:05d}").exists()
+    # the relaunch runs the resume command and starts where the checkpoint was
+    proc = _run_sidecar(tmp_path, 1, {})
+    _wait_steps(tmp_path, 1)
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert f"--from {tmp_path / 'ck' / f'ck-{last:05d}'}" in err
+    resumed = [e for e in _events(tmp_path) if e["event"] == "resumed"]
+    assert resumed and resumed[0]["previous_step"] == last
+
+
+def test_sidecar_kills_a_script_that_ignores_the_stop(tmp_path: Path) -> None:
+    proc = _run_sidecar(tmp_path, 0, {"IGNORE": "1"})
+    _wait_steps(tmp_path)
+    time.sleep(0.5)
+    t0 = time.time()
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_RELAUNCH
+    assert time.time() - t0 >= 2.0  # the grace period was given
+    stop = [e for e in _events(tmp_path) if e["event"] == "stop"][-1]
+    assert stop["graceful"] is False
+    assert "did not exit within 2 s" in err
+
+
+def test_sidecar_refuses_a_bad_configuration(tmp_path: Path) -> None:
+    proc = _run_sidecar(tmp_path, 0, {"HPCORCH_STOP_SIGNAL": "BOGUS"})
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_CONFIG
+    assert err.strip().splitlines() == ["hpcorch-sidecar[?]: unknown signal 'BOGUS'"]
