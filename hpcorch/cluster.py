@@ -34,6 +34,8 @@ class PoolNode:
     gpus: int
     gpus_used: int
     usable: bool
+    cpus: int = 0
+    """CPUs of the node (0: unknown; CPUs are then not planned)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class Shape:
     nodes: int
     gpus_per_node: int
     node_names: tuple[str, ...] = ()
+    cpus_per_gpu: int = 0
+    """CPUs with each GPU (0: as submitted)."""
 
     @property
     def gpus(self) -> int:

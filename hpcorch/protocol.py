@@ -48,6 +48,8 @@ ENV_LAUNCHER = "HPCORCH_LAUNCHER"
 """How the runtime forms its process group: auto, env (torchrun), slurm or mpi."""
 ENV_CKPT_INTERVAL = "HPCORCH_CKPT_INTERVAL"
 """Seconds between periodic checkpoints (0 or unset: only on signal and at the end)."""
+ENV_CPUS_PER_GPU = "HPCORCH_CPUS_PER_GPU"
+"""CPUs the job has with each GPU in this launch (data-loading workers + the trainer)."""
 ENV_METRICS_INTERVAL = "HPCORCH_METRICS_INTERVAL"
 """Least seconds between two metrics lines (default 5)."""
 

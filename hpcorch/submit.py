@@ -171,6 +171,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         time_limit=req.time_limit,
         python=sys.executable,
         sidecar=resolve_mode(req),
+        min_cpus_per_gpu=req.cpus_per_gpu or 0,
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Collection
 from pathlib import Path
 
 import click
@@ -29,6 +30,28 @@ def _policies(value: str) -> list[str]:
                 param_hint="--policy",
             )
     return names
+
+
+def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[str, float], ...]:
+    out: dict[str, float] = {}
+    for value in values:
+        app, sep, text = value.partition("=")
+        app = app.strip()
+        try:
+            seconds = float(text)
+        except ValueError:
+            seconds = -1.0
+        if not sep or seconds < 0 or seconds != seconds:
+            raise click.BadParameter(
+                f"{value!r} is not APP=SECONDS (e.g. cifar10=0.002)", param_hint="--cpu-demand"
+            )
+        if app not in apps:
+            raise click.BadParameter(
+                f"unknown application {app!r} (valid: {', '.join(sorted(apps))})",
+                param_hint="--cpu-demand",
+            )
+        out[app] = seconds
+    return tuple(sorted(out.items()))
 
 
 @click.command(name="simulate")
@@ -61,6 +84,27 @@ def _policies(value: str) -> list[str]:
     show_default=True,
     type=click.FloatRange(min=0.0),
     help="Seconds without progress after a job's GPUs or placement change.",
+)
+@click.option(
+    "--cpus-per-node",
+    default=48,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="CPUs per node, shared by the data loaders of the jobs on it.",
+)
+@click.option(
+    "--cpu-demand",
+    "cpu_demand",
+    multiple=True,
+    metavar="APP=SECONDS",
+    help="Data-loading CPU seconds per sample of an application (repeatable; default 0).",
+)
+@click.option(
+    "--cpus-per-gpu",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Give every job this many CPUs per GPU instead of the policy's choice (0: policy).",
 )
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the policies.")
 @click.option(
@@ -96,6 +140,9 @@ def simulate(
     gpus_per_node: int,
     round_s: float,
     restart_cost: float,
+    cpus_per_node: int,
+    cpu_demand: tuple[str, ...],
+    cpus_per_gpu: int,
     seed: int,
     data: Path | None,
     engine: str,
@@ -115,7 +162,24 @@ def simulate(
             loaded.append((path.stem, load_workload(path, apps)))
         except WorkloadError as exc:
             raise click.ClickException(str(exc)) from None
-    config = SimConfig(nodes, gpus_per_node, round_s, restart_cost)
+    demand = _cpu_demand(cpu_demand, apps)
+    if cpus_per_node < gpus_per_node or cpus_per_gpu * gpus_per_node > cpus_per_node:
+        raise click.BadParameter(
+            f"{cpus_per_node} CPUs per node cannot give every one of {gpus_per_node} GPUs "
+            f"{max(cpus_per_gpu, 1)} CPUs",
+            param_hint="--cpus-per-node",
+        )
+    if engine == "controller" and (demand or cpus_per_gpu):
+        raise click.UsageError("--cpu-demand and --cpus-per-gpu need --engine direct")
+    config = SimConfig(
+        nodes,
+        gpus_per_node,
+        round_s,
+        restart_cost,
+        cpus_per_node=cpus_per_node,
+        cpu_demand=demand,
+        cpus_per_gpu=cpus_per_gpu,
+    )
     total = sum(len(jobs) for _, jobs in loaded) * len(names)
     results: list[tuple[str, SimResult]] = []
     with click.progressbar(length=total, label="simulating", file=sys.stderr, show_pos=True) as bar:

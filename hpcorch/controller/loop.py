@@ -173,6 +173,7 @@ class Controller:
             resumable=0 if t.get("resume") == "no" else 1,
             predictable=0 if t.get("progress") == "no" else 1,
             stop_grace_s=float(_int(t, "grace", 0)),
+            min_cpus=max(1, _int(t, "mincpus", 1)),
         )
         if phase == "starting" and not rec.target_gpus:
             rec.target_gpus = rec.min_gpus
@@ -234,6 +235,8 @@ class Controller:
             rec.epochs = rec.epochs or 1
             rec.steps_per_epoch = total * batch / max(1, rec.batch) / rec.epochs
         rec.global_batch = batch
+        rec.cpus_per_gpu = int(line.get("cpus_per_gpu") or rec.cpus_per_gpu)
+        wait = line.get("data_wait")
         rec.micro_batch = int(line.get("per_gpu_batch") or 0)
         rec.accum_steps = int(line.get("accum_steps") or 1)
         rec.samples_per_s = float(line.get("samples_per_s") or 0.0)
@@ -252,6 +255,8 @@ class Controller:
             loss=float(line["loss"]) if isinstance(line.get("loss"), int | float) else None,
             noise_scale=float(noise) if isinstance(noise, int | float) else None,
             step=step,
+            cpus_per_gpu=rec.cpus_per_gpu,
+            data_wait=float(wait) if isinstance(wait, int | float) else None,
         )
 
     def _sidecar_event(self, rec: JobRecord, event: str, line: dict[str, Any]) -> None:
@@ -343,7 +348,13 @@ class Controller:
             if jp is not None:
                 rec.target_batch = jp.global_batch
             out = reconcile.decide(
-                rec, gpus, dict(jp.placement) if jp else {}, now, pool_nodes, self.config.settings
+                rec,
+                gpus,
+                dict(jp.placement) if jp else {},
+                now,
+                pool_nodes,
+                self.config.settings,
+                jp.cpus_per_gpu if jp else 0,
             )
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)

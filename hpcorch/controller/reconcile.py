@@ -74,12 +74,12 @@ def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
     counts = set(placement.values())
     if placement and len(counts) == 1 and all(0 <= i < len(pool_nodes) for i in placement):
         names = tuple(pool_nodes[i] for i in sorted(placement))
-        return Shape(len(names), counts.pop(), names)
+        return Shape(len(names), counts.pop(), names, rec.target_cpus)
     per_node = max(placement.values()) if placement else rec.target_gpus
     for nodes in range(1, rec.target_gpus + 1):
         if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
-            return Shape(nodes, rec.target_gpus // nodes)
-    return Shape(rec.target_gpus, 1)
+            return Shape(nodes, rec.target_gpus // nodes, (), rec.target_cpus)
+    return Shape(rec.target_gpus, 1, (), rec.target_cpus)
 
 
 def observe(
@@ -256,26 +256,36 @@ def decide(
     now: float,
     pool_nodes: tuple[str, ...],
     s: Settings,
+    cpus: int = 0,
 ) -> Outcome:
-    """Turn a policy target into actions for a job in a stable phase (queued or running)."""
+    """Turn a policy target into actions for a job in a stable phase (queued or running).
+    ``cpus``: CPUs per GPU of the target (0: as it is)."""
     out = Outcome()
+    cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
     if rec.phase == "queued" and target_gpus > 0:
         rec.target_gpus = target_gpus
+        rec.target_cpus = cpus
         rec.target_placement = json.dumps(placement)
         shape = target_shape(rec, pool_nodes)
         out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
         out.events.append(f"start: {target_gpus} GPUs")
         _set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
-    elif rec.phase == "running" and target_gpus != rec.gpus:
+    elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
         if not rec.ready and now - rec.phase_since < s.startup_s:
             return out  # still starting up: it cannot checkpoint yet
         if target_gpus > 0 and now - rec.phase_since < s.min_run_s:
             return out  # let a fresh launch run before paying another restart
         rec.target_gpus = target_gpus
+        rec.target_cpus = cpus or rec.target_cpus
         rec.target_placement = json.dumps(placement)
         kind = "preempt" if target_gpus == 0 else "resize"
-        out.actions.append(Action("signal", rec.slurm_id, reason=f"{kind} to {target_gpus} GPUs"))
+        what = f"{rec.gpus} -> {target_gpus} GPUs"
+        reason = f"{kind} to {target_gpus} GPUs"
+        if target_gpus == rec.gpus:
+            what = f"{rec.cpus_per_gpu} -> {cpus} CPUs per GPU"
+            reason = f"resize to {cpus} CPUs per GPU"
+        out.actions.append(Action("signal", rec.slurm_id, reason=reason))
         rec.signalled_at = now
-        out.events.append(f"{kind}: {rec.gpus} -> {target_gpus} GPUs")
-        _set_phase(rec, "stopping", now, f"{kind}: {rec.gpus} -> {target_gpus} GPUs")
+        out.events.append(f"{kind}: {what}")
+        _set_phase(rec, "stopping", now, f"{kind}: {what}")
     return out

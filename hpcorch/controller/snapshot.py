@@ -16,7 +16,7 @@ import numpy as np
 from hpcorch.cluster import PoolNode
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
-from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
+from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
 
 
 def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
@@ -29,6 +29,29 @@ def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
         StepSample(nodes=n, gpus=g, micro_batch=m, step_time=float(np.median(t)), sync_time=0.0)
         for (n, g, m), t in sorted(groups.items())
     )
+
+
+def cpu_profile_of(samples: Sequence[Sample]) -> tuple[CpuSample, ...]:
+    """Median seconds per micro-step (and input wait) at each CPUs-per-GPU count a job ran."""
+    groups: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
+    for s in samples:
+        if s.cpus_per_gpu > 0 and s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
+            accum = max(1, s.accum_steps)
+            wait = s.data_wait / accum if s.data_wait is not None else None
+            groups[(s.cpus_per_gpu, s.gpus, s.micro_batch)].append((s.step_time / accum, wait))
+    out = []
+    for (c, g, m), rows in sorted(groups.items()):
+        waits = [w for _, w in rows if w is not None]
+        out.append(
+            CpuSample(
+                cpus_per_gpu=c,
+                gpus=g,
+                micro_batch=m,
+                step_time=float(np.median([t for t, _ in rows])),
+                data_wait=float(np.median(waits)) if waits else None,
+            )
+        )
+    return tuple(out)
 
 
 def noise_stats(samples: Sequence[Sample], init_batch: int) -> tuple[float, float] | None:
@@ -112,6 +135,9 @@ def job_view(
         profile=profile_of(samples),
         predictable=bool(rec.predictable),
         resizable=rec.movable,
+        cpus_per_gpu=rec.cpus_per_gpu if gpus else 0,
+        min_cpus_per_gpu=rec.min_cpus,
+        cpu_profile=cpu_profile_of(samples),
     )
 
 
@@ -140,6 +166,10 @@ def build_snapshot(
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
+    # CPUs are planned only where every node's count is known
+    node_cpus = tuple(n.cpus if n.usable else 0 for n in nodes)
+    if not nodes or any(n.cpus <= 0 for n in nodes):
+        node_cpus = ()
     total = sum(node_gpus)
     down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
     req = requests or {}
@@ -159,6 +189,7 @@ def build_snapshot(
     return Snapshot(
         now=now,
         node_gpus=node_gpus,
+        node_cpus=node_cpus,
         jobs=views,
         history=tuple(history),
         round_s=round_s,

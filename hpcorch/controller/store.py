@@ -22,20 +22,26 @@ from hpcorch.errors import HpcorchError
 
 SCHEMA_VERSION = 2
 
-_ADDED_COLUMNS = {
+_ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
-        "mode TEXT NOT NULL DEFAULT 'managed'",
-        "mode_detected INTEGER NOT NULL DEFAULT 0",
-        "resumable INTEGER NOT NULL DEFAULT 1",
-        "predictable INTEGER NOT NULL DEFAULT 1",
-        "needs_ckpt INTEGER NOT NULL DEFAULT 0",
-        "checkpoints INTEGER NOT NULL DEFAULT 0",
-        "lost_steps INTEGER NOT NULL DEFAULT 0",
-        "kills INTEGER NOT NULL DEFAULT 0",
-        "stop_grace_s REAL NOT NULL DEFAULT 0",
+        ("jobs", "mode TEXT NOT NULL DEFAULT 'managed'"),
+        ("jobs", "mode_detected INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "resumable INTEGER NOT NULL DEFAULT 1"),
+        ("jobs", "predictable INTEGER NOT NULL DEFAULT 1"),
+        ("jobs", "needs_ckpt INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "checkpoints INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "lost_steps INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "kills INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "stop_grace_s REAL NOT NULL DEFAULT 0"),
+        ("jobs", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "target_cpus INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
+        ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
+        ("samples", "data_wait REAL"),
     )
 }
-"""Columns each schema version added to ``jobs``: an older database gains them on open."""
+"""Columns each schema version added (table, definition): an older database gains them on
+open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
 FINAL_PHASES = ("done", "failed", "cancelled", "lost")
@@ -157,6 +163,12 @@ class JobRecord:
     """Stops where the script ignored the stop signal and was killed after the grace."""
     stop_grace_s: float = 0.0
     """The sidecar's grace period for this job's script (0: managed)."""
+    cpus_per_gpu: int = 0
+    """CPUs per GPU of the current launch, as the job reports it (0: unknown)."""
+    target_cpus: int = 0
+    """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
+    min_cpus: int = 1
+    """The fewest CPUs per GPU the job asked for."""
 
     @property
     def movable(self) -> bool:
@@ -209,6 +221,9 @@ class Sample:
     loss: float | None = None
     noise_scale: float | None = None
     step: int = 0
+    cpus_per_gpu: int = 0
+    data_wait: float | None = None
+    """Seconds per step the job waited for its input (None: not measured)."""
 
 
 @dataclass
@@ -278,11 +293,11 @@ class Store:
             )
 
     def _migrate(self, version: int) -> None:
-        have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
         for v in range(version + 1, SCHEMA_VERSION + 1):
-            for column in _ADDED_COLUMNS.get(v, ()):
+            for table, column in _ADDED_COLUMNS.get(v, ()):
+                have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
                 if column.split()[0] not in have:
-                    self.db.execute(f"ALTER TABLE jobs ADD COLUMN {column}")
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
 
     def close(self) -> None:
         self.db.close()
@@ -362,14 +377,18 @@ class Store:
 
     # --- samples ------------------------------------------------------------------------
     def add_samples(self, samples: Sequence[Sample]) -> None:
+        if not samples:
+            return
+        names = list(asdict(samples[0]))
         self.db.executemany(
-            "INSERT INTO samples VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO samples({','.join(names)}) VALUES({','.join('?' * len(names))})",
             [tuple(asdict(s).values()) for s in samples],
         )
 
     def samples(self, slurm_id: int) -> list[Sample]:
         rows = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
-        return [Sample(**dict(r)) for r in rows]
+        names = {f.name for f in fields(Sample)}
+        return [Sample(**{k: v for k, v in dict(r).items() if k in names}) for r in rows]
 
     # --- cycles -------------------------------------------------------------------------
     def add_cycle(self, c: CycleStats) -> None:

@@ -12,6 +12,7 @@ from hpcorch.policy.sidecar import SidecarPolicy
 from hpcorch.policy.tiresias import TiresiasPolicy
 from hpcorch.policy.types import (
     CompletedJob,
+    CpuSample,
     JobPlan,
     JobView,
     Plan,
@@ -40,6 +41,7 @@ def make_policy(name: str, seed: int = 0) -> Policy:
 __all__ = [
     "POLICIES",
     "CompletedJob",
+    "CpuSample",
     "JobPlan",
     "JobView",
     "Plan",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcorch.policy.common import free_gpus, job_plan, keep_plan, place_packed
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
@@ -81,4 +82,4 @@ class AiturboPolicy:
                 continue
             batch = int(est.batch[i, want[i]]) if i in pred else job.requested_batch
             plans.append(job_plan(job, placement, batch))
-        return Plan(tuple(plans))
+        return fit_cpus(snapshot, Plan(tuple(plans)))

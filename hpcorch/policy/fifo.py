@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcorch.policy.common import arrival_order, free_gpus, job_plan, keep_plan, place_packed
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
 
@@ -29,4 +30,4 @@ class FifoPolicy:
             placement = place_packed(free, need)
             if placement is not None:
                 plans.append(job_plan(job, placement, job.requested_batch))
-        return Plan(tuple(plans))
+        return fit_cpus(snapshot, Plan(tuple(plans)))

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpcorch.policy.common import job_plan, place_packed
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
@@ -121,7 +122,7 @@ class OnesPolicy:
         order = np.argsort(-fit, kind="stable")
         pop = pop[order]
         self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
-        return _place(snapshot, est.batch, pop[0])
+        return fit_cpus(snapshot, _place(snapshot, est.batch, pop[0]))
 
 
 class _Ops:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpcorch.policy.common import arrival_order, job_plan, place_packed
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.types import JobPlan, JobView, Plan, Snapshot
 
 
@@ -63,4 +64,4 @@ class SharePolicy:
         for job in jobs:
             if job.job_id in placed:
                 plans.append(job_plan(job, placed[job.job_id], job.requested_batch))
-        return Plan(tuple(plans))
+        return fit_cpus(snapshot, Plan(tuple(plans)))

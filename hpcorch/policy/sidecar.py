@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hpcorch.policy.common import job_plan, keep_plan, place_packed
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
@@ -80,4 +81,4 @@ class SidecarPolicy:
             placement = place_packed(free, int(g[i]))
             if placement is not None:
                 plans.append(job_plan(jobs[i], placement, jobs[i].requested_batch))
-        return Plan(tuple(plans))
+        return fit_cpus(snapshot, Plan(tuple(plans)))

@@ -17,7 +17,14 @@ import math
 from dataclasses import replace
 
 from hpcorch.policy.common import free_gpus, job_plan, keep_plan, place_packed
-from hpcorch.policy.types import JobPlan, JobView, Plan, Policy, Snapshot
+from hpcorch.policy.types import (
+    JobPlan,
+    JobView,
+    Plan,
+    Policy,
+    Snapshot,
+    planned_cpus_per_gpu,
+)
 
 LEVELS_GPU_H = (1.0, 4.0, 16.0)
 """Attained-service thresholds (GPU-hours) of the feedback queue's levels."""
@@ -49,9 +56,23 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
     taken = {p.job_id for p in plans} | {j.job_id for j in unpredictable}
     rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
     if rest:
-        inner = policy.schedule(replace(snapshot, node_gpus=tuple(free), jobs=rest))
+        cpus = _free_cpus(snapshot, plans)
+        inner = policy.schedule(replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=rest))
         plans += inner.jobs
     return Plan(tuple(plans))
+
+
+def _free_cpus(snapshot: Snapshot, plans: list[JobPlan]) -> tuple[int, ...]:
+    """The pool's CPUs per node less what ``plans`` hold (empty: CPUs not managed)."""
+    if not snapshot.manages_cpus:
+        return snapshot.node_cpus
+    jobs = {j.job_id: j for j in snapshot.jobs}
+    free = list(snapshot.node_cpus)
+    for p in plans:
+        per_gpu = planned_cpus_per_gpu(snapshot, jobs[p.job_id], p)
+        for node, n in p.placement.items():
+            free[node] -= n * per_gpu
+    return tuple(max(0, c) for c in free)
 
 
 def _least_attained(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hpcorch.policy.common import free_gpus, job_plan, keep_plan, place_most_free
+from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
 
@@ -55,4 +56,4 @@ class TiresiasPolicy:
             placement = place_most_free(free, need[key])
             assert placement is not None
             plans.append(job_plan(job, placement, job.requested_batch))
-        return Plan(tuple(plans))
+        return fit_cpus(snapshot, Plan(tuple(plans)))

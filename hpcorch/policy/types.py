@@ -25,6 +25,22 @@ class StepSample:
 
 
 @dataclass(frozen=True)
+class CpuSample:
+    """Step time measured at one CPUs-per-GPU count (data-loading workers per GPU).
+
+    ``step_time`` is the wall time of one micro-step as the training loop saw it, input
+    waits included; ``data_wait`` the part of it spent waiting for the next batch from
+    the data loader (None when the job does not measure it).
+    """
+
+    cpus_per_gpu: int
+    gpus: int
+    micro_batch: int
+    step_time: float
+    data_wait: float | None = None
+
+
+@dataclass(frozen=True)
 class JobView:
     """One active (submitted, not finished) job as the controller knows it."""
 
@@ -65,6 +81,13 @@ class JobView:
     """Seconds the job has held GPUs."""
     restarts: int = 0
     profile: tuple[StepSample, ...] = ()
+    min_cpus_per_gpu: int = 1
+    max_cpus_per_gpu: int = 0
+    """CPU bounds per GPU; 0 = no upper bound but the node's."""
+    cpus_per_gpu: int = 0
+    """CPUs per GPU of the current allocation (0 = not known / site default)."""
+    cpu_profile: tuple[CpuSample, ...] = ()
+    """Step times measured at the CPUs-per-GPU counts the job ran with."""
     predictable: bool = True
     """False for a job that reports no progress: no throughput model can be fitted."""
     resizable: bool = True
@@ -87,6 +110,7 @@ class CompletedJob:
     epochs: int
     profile: tuple[StepSample, ...] = ()
     grad_history: tuple[tuple[float, float], ...] = ()
+    cpu_profile: tuple[CpuSample, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,10 +124,23 @@ class Snapshot:
     history: tuple[CompletedJob, ...] = ()
     round_s: float = 60.0
     restart_cost_s: float = 30.0
+    node_cpus: tuple[int, ...] = ()
+    """CPUs per node (same order as ``node_gpus``); empty = CPUs not managed."""
 
     @property
     def total_gpus(self) -> int:
         return sum(self.node_gpus)
+
+    @property
+    def manages_cpus(self) -> bool:
+        return len(self.node_cpus) == len(self.node_gpus) > 0
+
+    def site_cpus_per_gpu(self, placement: Mapping[int, int]) -> int:
+        """The site default on ``placement``: node CPUs / node GPUs, least over its nodes."""
+        return min(
+            (self.node_cpus[n] // max(self.node_gpus[n], 1) for n in placement),
+            default=0,
+        )
 
 
 @dataclass(frozen=True)
@@ -116,6 +153,8 @@ class JobPlan:
     global_batch: int
     micro_batch: int
     accum_steps: int
+    cpus_per_gpu: int = 0
+    """CPUs per GPU; 0 = leave as is (a job that moves or starts gets the site default)."""
 
 
 @dataclass(frozen=True)
@@ -173,3 +212,35 @@ def validate_plan(snapshot: Snapshot, plan: Plan) -> None:
     for node, n in enumerate(used):
         if n > snapshot.node_gpus[node]:
             raise PlanError(f"node {node}: {n} GPUs planned, {snapshot.node_gpus[node]} exist")
+    if snapshot.manages_cpus:
+        _validate_cpus(snapshot, plan, jobs)
+
+
+def planned_cpus_per_gpu(snapshot: Snapshot, job: JobView, plan: JobPlan) -> int:
+    """CPUs per GPU the job gets under ``plan``: the plan's, else its current count if it
+    stays where it is, else the site default on its new placement."""
+    if plan.cpus_per_gpu > 0:
+        return plan.cpus_per_gpu
+    if job.cpus_per_gpu > 0 and dict(plan.placement) == dict(job.placement):
+        return job.cpus_per_gpu
+    return snapshot.site_cpus_per_gpu(plan.placement)
+
+
+def _validate_cpus(snapshot: Snapshot, plan: Plan, jobs: Mapping[str, JobView]) -> None:
+    used = [0] * len(snapshot.node_cpus)
+    for p in plan.jobs:
+        job = jobs[p.job_id]
+        c = p.cpus_per_gpu
+        if c < 0:
+            raise PlanError(f"{p.job_id}: negative CPUs per GPU {c}")
+        if c and (c < job.min_cpus_per_gpu or 0 < job.max_cpus_per_gpu < c):
+            hi = job.max_cpus_per_gpu or "node"
+            raise PlanError(
+                f"{p.job_id}: {c} CPUs per GPU outside bounds {job.min_cpus_per_gpu}..{hi}"
+            )
+        per_gpu = planned_cpus_per_gpu(snapshot, job, p)
+        for node, n in p.placement.items():
+            used[node] += n * per_gpu
+    for node, n in enumerate(used):
+        if n > snapshot.node_cpus[node]:
+            raise PlanError(f"node {node}: {n} CPUs planned, {snapshot.node_cpus[node]} exist")

@@ -22,6 +22,7 @@ from hpcorch.protocol import (
     CHECKPOINT_DIR,
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
+    ENV_CPUS_PER_GPU,
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_RELAUNCH,
@@ -112,6 +113,19 @@ class ElasticJob:
     @property
     def global_batch(self) -> int:
         return self.settings.batch.global_batch
+
+    @property
+    def cpus_per_gpu(self) -> int:
+        """CPUs this rank has (HPCORCH_CPUS_PER_GPU from the wrapper, else its affinity)."""
+        value = os.environ.get(ENV_CPUS_PER_GPU, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+        return max(1, len(os.sched_getaffinity(0)))
+
+    @property
+    def data_workers(self) -> int:
+        """Data-loader workers that use this rank's CPUs: pass as ``num_workers``."""
+        return max(0, self.cpus_per_gpu - 1)
 
     @property
     def is_main(self) -> bool:
@@ -338,6 +352,8 @@ class ElasticJob:
             per_gpu_batch=self.batch.micro_batch,
             accum_steps=self.batch.accum_steps,
             gpus=self.world_size,
+            cpus_per_gpu=self.cpus_per_gpu,
+            data_wait=step.data_wait,
             lr_factor=self.lr_factor,
             noise_scale=self.noise.value,
             progress=self.progress,

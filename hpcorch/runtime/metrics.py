@@ -20,6 +20,7 @@ class _Window:
     seconds: float = 0.0
     loss_sum: float = 0.0
     loss_n: int = 0
+    wait: float = 0.0
 
 
 @dataclass
@@ -44,6 +45,7 @@ class MetricsWriter:
         samples: int,
         loss: float | None,
         force: bool = False,
+        data_wait: float = 0.0,
         **fields: Any,
     ) -> bool:
         """Account one optimizer step; write a line when the interval has passed."""
@@ -51,6 +53,7 @@ class MetricsWriter:
         w.steps += 1
         w.samples += samples
         w.seconds += seconds
+        w.wait += data_wait
         if loss is not None:
             w.loss_sum += loss
             w.loss_n += 1
@@ -66,6 +69,7 @@ class MetricsWriter:
             "step_time": w.seconds / w.steps,
             "samples_per_s": w.samples / w.seconds if w.seconds > 0 else None,
             "loss": w.loss_sum / w.loss_n if w.loss_n else None,
+            "data_wait": w.wait / w.steps,
             **fields,
         }
         self._window = _Window()

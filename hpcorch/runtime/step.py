@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,8 @@ class Step:
         self._batches = batches
         self._current: MicroBatch | None = None
         self._done = 0
+        self.data_wait = 0.0
+        """Seconds this step waited for its input from the data loader."""
         self._loss = torch.zeros((), dtype=torch.float64, device=job.device)
 
     @property
@@ -52,7 +55,10 @@ class Step:
             if ddp is not None:  # all-reduce only on the last pass (gradient accumulation)
                 ddp.require_backward_grad_sync = j == last
             self._current = mb
-            yield next(self._batches)
+            t0 = time.perf_counter()
+            batch = next(self._batches)
+            self.data_wait += time.perf_counter() - t0
+            yield batch
             if self._current is not None:
                 raise RuntimeError("call step.backward(loss) once per micro-batch")
         if ddp is not None:

@@ -269,6 +269,7 @@ class ProgressTracker:
     global_batch: int
     per_gpu_batch: int
     interval_s: float = 5.0
+    cpus_per_gpu: int = 0
     points: list[tuple[float, int]] = field(default_factory=list)
     total: int | None = None
     epoch: int | None = None
@@ -325,6 +326,8 @@ class ProgressTracker:
             "samples_per_s": self.global_batch / st if st > 0 else 0.0,
             "source": "sidecar",
         }
+        if self.cpus_per_gpu:
+            line["cpus_per_gpu"] = self.cpus_per_gpu
         if self.epoch is not None:
             line["epoch"] = self.epoch
         if self.total is not None:

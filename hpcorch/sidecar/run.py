@@ -29,6 +29,7 @@ from typing import IO, Any
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
     ENV_ACCUM_STEPS,
+    ENV_CPUS_PER_GPU,
     ENV_GLOBAL_BATCH,
     ENV_LAUNCH,
     ENV_PER_GPU_BATCH,
@@ -76,6 +77,8 @@ class Sidecar:
         self.metrics = cfg.job_dir / METRICS_FILE
         self.tracker = ProgressTracker(self.gpus, self.global_batch, self.per_gpu)
         self.tracker.interval_s = cfg.metrics_interval_s
+        cpus = os.environ.get(ENV_CPUS_PER_GPU, "")
+        self.tracker.cpus_per_gpu = int(cpus) if cpus.isdigit() else 0
         self.progress: SimpleQueue[tuple[float, Progress]] = SimpleQueue()
         self.stop_requested: float | None = None
         self.stop_started: float | None = None

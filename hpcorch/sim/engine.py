@@ -3,7 +3,11 @@
 No policy logic lives here. :meth:`SimCluster.advance` runs every placed job for some
 seconds on its true (trace-interpolated) behaviour; :meth:`SimCluster.reports` returns what
 the jobs would tell a controller; :meth:`SimCluster.apply` enacts a plan, charging the
-restart cost to every job whose GPUs or placement change.
+restart cost to every job whose GPUs, placement or CPUs change.
+
+Data loading: a job of an application with a CPU demand of ``d`` seconds of CPU work per
+sample loads a micro-batch of ``b`` samples in ``b x d / c`` seconds on its ``c`` CPUs per
+GPU, overlapped with compute, so a micro-step takes ``max(compute, loading)``.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpcorch.policy.types import CompletedJob, JobView, Plan, StepSample
+from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Plan, StepSample
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -39,6 +43,12 @@ class SimJob:
     grad: tuple[float, float] | None = None
     grad_history: list[tuple[float, float]] = field(default_factory=list)
     profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    cpu_s_per_sample: float = 0.0
+    """Seconds of data-loading CPU work per sample (0: loading never holds a step up)."""
+    cpus_per_gpu: int = 0
+    """CPUs per GPU of the current allocation (0: not modelled, loading is free)."""
+    cpu_profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
+    """(CPUs per GPU, GPUs, micro-batch) -> (seconds per micro-step, input wait of it)."""
 
     @property
     def gpus(self) -> int:
@@ -50,6 +60,25 @@ class SimJob:
 
     def counts(self) -> tuple[int, ...]:
         return tuple(n for _, n in self.placement)
+
+    def load_time(self) -> float:
+        """Seconds the job's CPUs take to load one micro-batch (for one GPU)."""
+        if self.cpu_s_per_sample <= 0 or self.cpus_per_gpu <= 0:
+            return 0.0
+        return self.micro_batch * self.cpu_s_per_sample / self.cpus_per_gpu
+
+    def iteration_time(self) -> tuple[float, float]:
+        """(seconds per optimizer step, the part of it without input waits).
+
+        Each micro-step waits for its micro-batch if loading takes longer than computing
+        it (the last one's compute includes the all-reduce).
+        """
+        st, sy = self.app.step_time(self.counts(), self.micro_batch)
+        compute = st + (self.accum_steps - 1) * (st - sy)
+        load = self.load_time()
+        if load <= 0:
+            return compute, compute
+        return max(st, load) + (self.accum_steps - 1) * max(st - sy, load), compute
 
     def step(self, now: float, seconds: float) -> None:
         """Run for ``seconds`` starting at ``now`` (true behaviour from the traces)."""
@@ -73,8 +102,13 @@ class SimJob:
             key = (nodes, g, self.micro_batch)
             if key not in self.profile:
                 self.profile[key] = (st, sy)
+            it, compute = self.iteration_time()
+            if self.cpus_per_gpu > 0:
+                ckey = (self.cpus_per_gpu, g, self.micro_batch)
+                if ckey not in self.cpu_profile:
+                    k = self.accum_steps
+                    self.cpu_profile[ckey] = (it / k, (it - compute) / k)
             self.grad = app.grad_stats(self.batch, self.epoch)
-            it = st + (self.accum_steps - 1) * (st - sy)
             goodput = app.gain(self.batch, self.epoch) / it
             nxt = float(app.epoch_end[self.epoch + 1])
             if self.progress + goodput * seconds < nxt:
@@ -104,11 +138,22 @@ class SimCluster:
         apps: Mapping[str, AppTrace],
         node_gpus: tuple[int, ...],
         restart_cost: float = 30.0,
+        node_cpus: tuple[int, ...] = (),
+        cpu_demand: Mapping[str, float] | None = None,
     ) -> None:
         self.node_gpus = node_gpus
+        self.node_cpus = node_cpus
         self.restart_cost = restart_cost
         self.now = 0.0
-        self.jobs = [SimJob(spec=j, app=apps[j.application]) for j in jobs]
+        demand = cpu_demand or {}
+        self.jobs = [
+            SimJob(
+                spec=j,
+                app=apps[j.application],
+                cpu_s_per_sample=demand.get(j.application, 0.0),
+            )
+            for j in jobs
+        ]
         self._by_id = {j.spec.name: j for j in self.jobs}
         self.allocated_gpu_seconds = 0.0
         self.timeline: list[tuple[float, int]] = [(0.0, 0)]
@@ -164,6 +209,8 @@ class SimCluster:
                     run_time=j.run_time,
                     restarts=max(j.restarts, 0),
                     profile=_samples(j),
+                    cpus_per_gpu=j.cpus_per_gpu,
+                    cpu_profile=_cpu_samples(j),
                 )
             )
         return out
@@ -185,6 +232,7 @@ class SimCluster:
             epochs=j.epoch,
             profile=_samples(j),
             grad_history=tuple(j.grad_history),
+            cpu_profile=_cpu_samples(j),
         )
 
     # -- actuation ------------------------------------------------------------------------
@@ -196,9 +244,12 @@ class SimCluster:
             new = tuple(p.placement.items()) if p is not None else ()
             if j.done:
                 j.placement = ()
+                j.cpus_per_gpu = 0
                 continue
-            if new != j.placement:
+            cpus = self._cpus(j, new, p.cpus_per_gpu if p is not None else 0)
+            if new != j.placement or cpus != j.cpus_per_gpu:
                 j.placement = new
+                j.cpus_per_gpu = cpus
                 if new:
                     j.rescale_left = self.restart_cost
                     j.restarts += 1
@@ -211,6 +262,23 @@ class SimCluster:
                     p.accum_steps,
                 )
         self.timeline.append((self.now, sum(j.gpus for j in self.jobs)))
+
+    def _cpus(self, j: SimJob, placement: tuple[tuple[int, int], ...], planned: int) -> int:
+        """CPUs per GPU a job gets: the plan's, else its own if it stays, else the site's."""
+        if not placement or not self.node_cpus:
+            return 0
+        if planned > 0:
+            return planned
+        if placement == j.placement and j.cpus_per_gpu > 0:
+            return j.cpus_per_gpu
+        return min(self.node_cpus[n] // max(self.node_gpus[n], 1) for n, _ in placement)
+
+
+def _cpu_samples(j: SimJob) -> tuple[CpuSample, ...]:
+    return tuple(
+        CpuSample(cpus_per_gpu=k[0], gpus=k[1], micro_batch=k[2], step_time=v[0], data_wait=v[1])
+        for k, v in j.cpu_profile.items()
+    )
 
 
 def _samples(j: SimJob) -> tuple[StepSample, ...]:

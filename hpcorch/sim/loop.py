@@ -1,14 +1,16 @@
 """The thin scheduling loop over a simulated cluster: snapshot -> policy -> plan -> apply.
 
 Every round (default 60 s) the cluster advances, the loop builds a :class:`Snapshot` from
-the jobs' reports, asks the policy for a plan, checks it and applies it.
+the jobs' reports, asks the policy for a plan, checks it and applies it. With
+``SimConfig.cpus_per_gpu`` set, every job gets that many CPUs per GPU whatever the policy
+chose (a fixed ``--cpus-per-gpu`` in every job script).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,10 +29,20 @@ class SimConfig:
     gpus_per_node: int = 4
     round_s: float = 60.0
     restart_cost: float = 30.0
+    cpus_per_node: int = 48
+    """CPUs per node (48: the 4-GPU nodes of the measured cluster had 48 vCPUs)."""
+    cpu_demand: tuple[tuple[str, float], ...] = ()
+    """(application, seconds of data-loading CPU work per sample); others: 0."""
+    cpus_per_gpu: int = 0
+    """Fixed CPUs per GPU for every job whatever the policy chooses (0: the policy's)."""
 
     @property
     def node_gpus(self) -> tuple[int, ...]:
         return (self.gpus_per_node,) * self.nodes
+
+    @property
+    def node_cpus(self) -> tuple[int, ...]:
+        return (self.cpus_per_node,) * self.nodes
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,11 @@ class SimResult:
         }
 
 
+def fixed_cpus(plan: Plan, cpus_per_gpu: int) -> Plan:
+    """``plan`` with every job at ``cpus_per_gpu`` CPUs per GPU."""
+    return Plan(tuple(replace(p, cpus_per_gpu=cpus_per_gpu) for p in plan.jobs))
+
+
 def simulate(
     workload: list[WorkloadJob],
     policy: Policy,
@@ -104,7 +121,9 @@ def simulate(
 ) -> SimResult:
     """Run ``policy`` on ``workload`` until every job has finished."""
     cfg = config or SimConfig()
-    cluster = SimCluster(workload, apps, cfg.node_gpus, cfg.restart_cost)
+    cluster = SimCluster(
+        workload, apps, cfg.node_gpus, cfg.restart_cost, cfg.node_cpus, dict(cfg.cpu_demand)
+    )
     decisions: list[float] = []
     while not cluster.all_done():
         if cluster.now > MAX_SIM_TIME:
@@ -119,12 +138,15 @@ def simulate(
                 history=tuple(cluster.completed()),
                 round_s=cfg.round_s,
                 restart_cost_s=cfg.restart_cost,
+                node_cpus=cfg.node_cpus,
             )
             # CPU time of the call: the cost on one core, unaffected by other work sharing
             # the machine.
             t0 = time.process_time()
             plan = policy.schedule(snap)
             decisions.append(time.process_time() - t0)
+            if cfg.cpus_per_gpu > 0:
+                plan = fixed_cpus(plan, cfg.cpus_per_gpu)
             validate_plan(snap, plan)
             cluster.apply(plan)
         else:

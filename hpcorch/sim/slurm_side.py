@@ -385,8 +385,7 @@ class SimSlurm:
     # --- what the job reports -----------------------------------------------------------
     def _iteration_time(self, j: SlurmJob) -> float:
         """Seconds per optimizer step of the running launch (the true model's)."""
-        m = j.model
-        return m.app.iteration_time(m.counts(), m.micro_batch, m.accum_steps)
+        return j.model.iteration_time()[0]
 
     def _line(self, j: SlurmJob, at: float, event: str) -> None:
         m = j.model

@@ -46,10 +46,16 @@ class SlurmBackend(Protocol):
     def submit(self, script: str, args: Sequence[str] = ()) -> int: ...
     def cancel(self, job_id: int, signal: str | None = None, batch_only: bool = False) -> None: ...
     def set_shape(
-        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+        self,
+        job_id: int,
+        nodes: int,
+        gpus_per_node: int,
+        node_names: Sequence[str] = (),
+        cpus_per_gpu: int = 0,
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
-        given (an empty list clears a previous node list)."""
+        given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
+        GPU if given."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -181,13 +187,20 @@ class SlurmCLI:
         self.run([*argv, str(job_id)])
 
     def set_shape(
-        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+        self,
+        job_id: int,
+        nodes: int,
+        gpus_per_node: int,
+        node_names: Sequence[str] = (),
+        cpus_per_gpu: int = 0,
     ) -> None:
+        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}"] if cpus_per_gpu > 0 else []
         self.scontrol(
             "update",
             f"jobid={job_id}",
             f"NumNodes={nodes}-{nodes}",
             f"TresPerNode=gres:gpu:{gpus_per_node}",
+            *cpus,
             f"ReqNodeList={','.join(node_names)}",
         )
 

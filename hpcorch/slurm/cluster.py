@@ -81,6 +81,7 @@ class SlurmCluster:
                 gpus=by_name[name].gpus if name in by_name else 0,
                 gpus_used=by_name[name].gpus_used if name in by_name else 0,
                 usable=by_name[name].usable if name in by_name else False,
+                cpus=by_name[name].cpus if name in by_name else 0,
             )
             for name in pool
         )
@@ -112,7 +113,9 @@ class SlurmCluster:
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
-        self.backend.set_shape(slurm_id, shape.nodes, shape.gpus_per_node, shape.node_names)
+        self.backend.set_shape(
+            slurm_id, shape.nodes, shape.gpus_per_node, shape.node_names, shape.cpus_per_gpu
+        )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
 

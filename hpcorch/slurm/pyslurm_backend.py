@@ -293,9 +293,14 @@ class PySlurmBackend:
         self._rpc("modify", lambda: job.modify(desc))
 
     def set_shape(
-        self, job_id: int, nodes: int, gpus_per_node: int, node_names: Sequence[str] = ()
+        self,
+        job_id: int,
+        nodes: int,
+        gpus_per_node: int,
+        node_names: Sequence[str] = (),
+        cpus_per_gpu: int = 0,
     ) -> None:
-        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names)
+        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu)
 
     def start_now(self, job_id: int) -> None:
         self._modify(job_id, begin_time=int(time.time()))

@@ -115,6 +115,8 @@ class JobSpec:
     """Submitted into a controller's pool: held until the controller starts it."""
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     sidecar: SidecarSpec | None = None
+    min_cpus_per_gpu: int = 0
+    """The fewest CPUs per GPU the controller may give the job (0: one)."""
     """Set: the script does not use the runtime; the wrapper runs it under the sidecar."""
 
     @property
@@ -130,6 +132,8 @@ class JobSpec:
             parts.append(f"maxbatch={self.max_global_batch}")
         if self.max_per_gpu_batch:
             parts.append(f"micro={self.max_per_gpu_batch}")
+        if self.min_cpus_per_gpu:
+            parts.append(f"mincpus={self.min_cpus_per_gpu}")
         if self.sidecar is not None:
             parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
             if not self.sidecar.resumable:

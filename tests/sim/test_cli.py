@@ -84,3 +84,20 @@ def test_data_dir_from_env(
     code, _, err = _run(str(small_workload), "--policy", "fifo")
     assert code == 1
     assert "no traces directory" in err and "HPCORCH_POLLUX_DATA" in err
+
+
+def test_cpu_options(data_dir: Path, small_workload: Path) -> None:
+    base = [str(small_workload), "--policy", "fifo", "--nodes", "2", "--json"]
+    code, out, err = _run(*base, "--cpu-demand", "cifar10=0.02", "--cpus-per-gpu", "1")
+    assert code == 0, err
+    starved = json.loads(out)["results"][0]["avg_jct"]
+    code, out, err = _run(*base, "--cpu-demand", "cifar10=0.02")
+    assert code == 0, err
+    assert json.loads(out)["results"][0]["avg_jct"] < starved
+    for bad, msg in [
+        (["--cpu-demand", "mnist=1"], "unknown application 'mnist'"),
+        (["--cpu-demand", "cifar10"], "is not APP=SECONDS"),
+        (["--cpus-per-gpu", "13"], "cannot give every one of 4 GPUs 13 CPUs"),
+    ]:
+        code, _, err = _run(*base, *bad)
+        assert code == 2 and msg in err, err
