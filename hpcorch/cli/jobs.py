@@ -157,14 +157,7 @@ def submit(
     dry_run: bool,
     parsable: bool,
     mode: str,
-    stop_signal: str | None,
-    stop_command: str | None,
-    grace: int | None,
-    ckpt_dir: str | None,
-    resume_args: tuple[str, ...],
-    resume_cmd: str | None,
-    progress_regex: str | None,
-    progress_file: str | None,
+    **sidecar_options: Any,
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with SCRIPT_ARGS.
 
@@ -189,16 +182,7 @@ def submit(
         raise click.UsageError(str(exc)) from exc
     if script_args[:1] == ("--",):
         script_args = script_args[1:]
-    sidecar = sidecar_spec(
-        stop_signal,
-        stop_command,
-        grace,
-        ckpt_dir,
-        resume_args,
-        resume_cmd,
-        progress_regex,
-        progress_file,
-    )
+    sidecar = sidecar_spec(**sidecar_options)
     req = SubmitRequest(
         script=script,
         script_args=script_args,
