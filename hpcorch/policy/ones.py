@@ -16,9 +16,9 @@ Each round:
    GPUs between two jobs), each child repaired to the pool size and filled so that no GPU
    idles while some job would gain from it. The current allocation and a greedy schedule
    seed every round.
-4. The best schedule is placed moving as few jobs as possible: jobs whose GPU count is
-   unchanged keep their nodes, shrinking jobs stay on their nodes, the rest are packed on
-   the fewest nodes.
+4. The best schedule is placed by :func:`hpcorch.policy.placement.place_schedule`: jobs
+   whose GPU count is unchanged keep their nodes, the rest go on the fewest nodes, with
+   fewer GPUs where the free GPUs are too scattered and spreading would be slower.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpcorch.policy.common import job_plan, place_packed
 from hpcorch.policy.estimate import estimate
-from hpcorch.policy.types import JobPlan, Plan, Snapshot
+from hpcorch.policy.placement import place_schedule
+from hpcorch.policy.types import Plan, Snapshot
 
 
 @dataclass
@@ -121,7 +121,7 @@ class OnesPolicy:
         order = np.argsort(-fit, kind="stable")
         pop = pop[order]
         self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
-        return _place(snapshot, est.batch, pop[0])
+        return place_schedule(snapshot, est, value, pop[0])
 
 
 class _Ops:
@@ -279,42 +279,3 @@ def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> n
     with np.errstate(invalid="ignore"):
         past = at + discount * (value - at)
     return np.where((cols > knee[:, None]) & np.isfinite(value), past, value)
-
-
-def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
-    """Place the schedule ``g`` moving as few jobs as possible."""
-    jobs = snapshot.jobs
-    free = list(snapshot.node_gpus)
-    placements: dict[int, dict[int, int]] = {}
-    # Unchanged jobs keep their nodes.
-    for i, j in enumerate(jobs):
-        if g[i] > 0 and g[i] == j.gpus:
-            placements[i] = dict(j.placement)
-            for node, c in j.placement.items():
-                free[node] -= c
-    # Shrinking jobs stay on (a subset of) their nodes.
-    for i, j in enumerate(jobs):
-        if 0 < g[i] < j.gpus:
-            left = int(g[i])
-            p: dict[int, int] = {}
-            for node, c in sorted(j.placement.items(), key=lambda kv: -kv[1]):
-                take = min(c, left, free[node])
-                if take > 0:
-                    p[node] = take
-                    free[node] -= take
-                    left -= take
-            if left:
-                for node, c in p.items():
-                    free[node] += c
-                continue
-            placements[i] = p
-    # New and growing jobs (and shrinking ones that did not fit) on the fewest nodes.
-    rest = [i for i in range(len(jobs)) if g[i] > 0 and i not in placements]
-    for i in sorted(rest, key=lambda i: -int(g[i])):
-        placed = place_packed(free, int(g[i]))
-        if placed is not None:
-            placements[i] = placed
-    plans: list[JobPlan] = []
-    for i, p in sorted(placements.items()):
-        plans.append(job_plan(jobs[i], p, int(batch[i, int(g[i])])))
-    return Plan(tuple(plans))
