@@ -42,8 +42,14 @@ def _grid(job: JobView, gcap: int) -> np.ndarray:
     return pts
 
 
-def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Estimates:
-    """Build the time/batch tables for all jobs of ``snapshot``."""
+def estimate(
+    snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64, first_gpus: int = 1
+) -> Estimates:
+    """Build the time/batch tables for all jobs of ``snapshot``.
+
+    A job may get up to ``explore`` times the largest GPU count its application has been
+    measured on, and at least ``first_gpus`` (the cap of a never-measured application).
+    """
     jobs = snapshot.jobs
     n = len(jobs)
     total = snapshot.total_gpus
@@ -64,7 +70,7 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
     for app, idx in by_app.items():
         model = ThroughputModel(samples.get(app, ()), jobs[idx[0]].min_batch)
         models[app] = model
-        cap = max(1, math.ceil(explore * model.max_gpus_seen))
+        cap = max(first_gpus, 1, math.ceil(explore * model.max_gpus_seen))
         for i in idx:
             j = jobs[i]
             gmax[i] = max(min(j.max_gpus, total, cap, gpu_cap), min(j.min_gpus, total))

@@ -42,6 +42,8 @@ class OnesPolicy:
     elite: int = 4
     explore: float = 4.0
     max_job_gpus: int = 64
+    first_gpus: int = 0
+    """GPUs a job of a never-measured application may start with (0: one node's)."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 120.0
@@ -64,7 +66,12 @@ class OnesPolicy:
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng
-        est = estimate(snapshot, explore=self.explore, gpu_cap=self.max_job_gpus)
+        est = estimate(
+            snapshot,
+            explore=self.explore,
+            gpu_cap=self.max_job_gpus,
+            first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
+        )
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
