@@ -9,7 +9,7 @@ iteration time), giving ``time[j, g]``: predicted seconds to finish on ``g`` GPU
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,8 @@ class Estimates:
     """Largest GPU count each job may get (bounds, pool, exploration cap)."""
     gmin: np.ndarray
     """Smallest GPU count each job may run with."""
+    models: dict[str, ThroughputModel] = field(default_factory=dict)
+    """Step-time model per application."""
 
 
 def _grid(job: JobView, gcap: int) -> np.ndarray:
@@ -40,8 +42,14 @@ def _grid(job: JobView, gcap: int) -> np.ndarray:
     return pts
 
 
-def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Estimates:
-    """Build the time/batch tables for all jobs of ``snapshot``."""
+def estimate(
+    snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64, first_gpus: int = 1
+) -> Estimates:
+    """Build the time/batch tables for all jobs of ``snapshot``.
+
+    A job may get up to ``explore`` times the largest GPU count its application has been
+    measured on, and at least ``first_gpus`` (the cap of a never-measured application).
+    """
     jobs = snapshot.jobs
     n = len(jobs)
     total = snapshot.total_gpus
@@ -62,7 +70,7 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
     for app, idx in by_app.items():
         model = ThroughputModel(samples.get(app, ()), jobs[idx[0]].min_batch)
         models[app] = model
-        cap = max(1, math.ceil(explore * model.max_gpus_seen))
+        cap = max(first_gpus, 1, math.ceil(explore * model.max_gpus_seen))
         for i in idx:
             j = jobs[i]
             gmax[i] = max(min(j.max_gpus, total, cap, gpu_cap), min(j.min_gpus, total))
@@ -124,7 +132,7 @@ def estimate(snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64) -> Est
             time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
             batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
-    return Estimates(jobs=jobs, time=time, batch=batch, gmax=gmax, gmin=gmin)
+    return Estimates(jobs=jobs, time=time, batch=batch, gmax=gmax, gmin=gmin, models=models)
 
 
 SEGMENTS = 6

@@ -5,20 +5,20 @@ Each round:
 1. :func:`hpcorch.policy.estimate.estimate` predicts for every job and GPU count ``g`` the
    remaining time ``T[j, g]`` at the best batch for ``g`` (throughput model fitted online,
    gradient-noise convergence model).
-2. A schedule (one GPU count per job) is scored by the rate at which it completes jobs,
-   ``sum_j 1 / T'[j, g_j]``, where ``T'`` adds the restart cost whenever ``g_j`` differs
-   from the job's current GPUs - so a job is resized only when the predicted gain beats the
-   restart cost. Maximising completion rate favours jobs close to the end (shortest
-   remaining first) while giving each job only the GPUs it uses efficiently, which is what
-   lowers the average JCT.
+2. A schedule (one GPU count per job) is scored by ``sum_j w_j / T'[j, g_j]``, where
+   ``T'`` adds the restart cost (and a hysteresis) whenever ``g_j`` differs from the job's
+   current GPUs - so a job is resized only when the predicted gain beats the restart cost.
+   ``w_j = T[j, 1] ** (1 - priority) * rank_j ** rank_weight`` (rank 1 = longest job):
+   shortest-remaining-first tempered towards throughput, with speed-up awareness, which
+   is what lowers the average JCT.
 3. A population of schedules, kept across rounds (state of the policy object), evolves by
    tournament selection, uniform crossover and mutation (grow, shrink, preempt a job, move
    GPUs between two jobs), each child repaired to the pool size and filled so that no GPU
    idles while some job would gain from it. The current allocation and a greedy schedule
    seed every round.
-4. The best schedule is placed moving as few jobs as possible: jobs whose GPU count is
-   unchanged keep their nodes, shrinking jobs stay on their nodes, the rest are packed on
-   the fewest nodes.
+4. The best schedule is placed by :func:`hpcorch.policy.placement.place_schedule`: jobs
+   whose GPU count is unchanged keep their nodes, the rest go on the fewest nodes, with
+   fewer GPUs where the free GPUs are too scattered and spreading would be slower.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hpcorch.policy.common import job_plan, place_packed
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate
-from hpcorch.policy.types import JobPlan, Plan, Snapshot
+from hpcorch.policy.placement import place_schedule
+from hpcorch.policy.types import Plan, Snapshot
 
 
 @dataclass
@@ -43,6 +43,8 @@ class OnesPolicy:
     elite: int = 4
     explore: float = 4.0
     max_job_gpus: int = 64
+    first_gpus: int = 0
+    """GPUs a job of a never-measured application may start with (0: one node's)."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 120.0
@@ -57,6 +59,9 @@ class OnesPolicy:
     """GPUs past the point where one more adds less than this fraction of a GPU's speed
     count only ``knee_discount`` as much: every job first gets its efficient share."""
     knee_discount: float = 0.05
+    rank_weight: float = 0.5
+    """Further weight each job's score by its rank by remaining time (the longest job
+    ranks 1, the shortest n) to this power, as in heSRPT's optimal allocation."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -65,7 +70,12 @@ class OnesPolicy:
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng
-        est = estimate(snapshot, explore=self.explore, gpu_cap=self.max_job_gpus)
+        est = estimate(
+            snapshot,
+            explore=self.explore,
+            gpu_cap=self.max_job_gpus,
+            first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
+        )
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
@@ -91,6 +101,11 @@ class OnesPolicy:
             ref = est.time[:, 1:2]
             ref = np.where(np.isfinite(ref), ref, 1.0)
             value = value * ref ** (1.0 - self.priority)
+        if self.rank_weight > 0:
+            t1 = np.where(np.isfinite(est.time[:, 1]), est.time[:, 1], 1e12)
+            rank = np.empty(n)
+            rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
+            value = value * rank[:, None] ** self.rank_weight
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
@@ -122,7 +137,7 @@ class OnesPolicy:
         order = np.argsort(-fit, kind="stable")
         pop = pop[order]
         self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
-        return fit_cpus(snapshot, _place(snapshot, est.batch, pop[0]))
+        return fit_cpus(snapshot, place_schedule(snapshot, est, value, pop[0]))
 
 
 class _Ops:
@@ -280,42 +295,3 @@ def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> n
     with np.errstate(invalid="ignore"):
         past = at + discount * (value - at)
     return np.where((cols > knee[:, None]) & np.isfinite(value), past, value)
-
-
-def _place(snapshot: Snapshot, batch: np.ndarray, g: np.ndarray) -> Plan:
-    """Place the schedule ``g`` moving as few jobs as possible."""
-    jobs = snapshot.jobs
-    free = list(snapshot.node_gpus)
-    placements: dict[int, dict[int, int]] = {}
-    # Unchanged jobs keep their nodes.
-    for i, j in enumerate(jobs):
-        if g[i] > 0 and g[i] == j.gpus:
-            placements[i] = dict(j.placement)
-            for node, c in j.placement.items():
-                free[node] -= c
-    # Shrinking jobs stay on (a subset of) their nodes.
-    for i, j in enumerate(jobs):
-        if 0 < g[i] < j.gpus:
-            left = int(g[i])
-            p: dict[int, int] = {}
-            for node, c in sorted(j.placement.items(), key=lambda kv: -kv[1]):
-                take = min(c, left, free[node])
-                if take > 0:
-                    p[node] = take
-                    free[node] -= take
-                    left -= take
-            if left:
-                for node, c in p.items():
-                    free[node] += c
-                continue
-            placements[i] = p
-    # New and growing jobs (and shrinking ones that did not fit) on the fewest nodes.
-    rest = [i for i in range(len(jobs)) if g[i] > 0 and i not in placements]
-    for i in sorted(rest, key=lambda i: -int(g[i])):
-        placed = place_packed(free, int(g[i]))
-        if placed is not None:
-            placements[i] = placed
-    plans: list[JobPlan] = []
-    for i, p in sorted(placements.items()):
-        plans.append(job_plan(jobs[i], p, int(batch[i, int(g[i])])))
-    return Plan(tuple(plans))

@@ -7,7 +7,8 @@ import pytest
 
 from hpcorch.model.convergence import forecast_noise, gain
 from hpcorch.model.throughput import ThroughputModel
-from hpcorch.policy.types import StepSample
+from hpcorch.policy.estimate import estimate
+from hpcorch.policy.types import JobView, Snapshot, StepSample
 from hpcorch.sim.traces import AppTrace
 
 
@@ -61,3 +62,30 @@ def test_noise_forecast_grows_and_follows_history() -> None:
     ref = np.linspace(1, 100, 10)
     g = forecast_noise(4, 10, float(ref[4]), [ref, ref])
     assert np.allclose(g, ref[4:])
+
+
+def test_never_measured_application_may_start_on_first_gpus() -> None:
+    job = JobView(
+        job_id="a",
+        application="new",
+        submit_time=0.0,
+        requested_gpus=1,
+        requested_batch=32,
+        min_gpus=1,
+        max_gpus=16,
+        min_batch=32,
+        max_batch=1024,
+        min_micro_batch=8,
+        max_micro_batch=128,
+        max_epochs=10,
+        progress_per_epoch_hint=100.0,
+    )
+    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(job,))
+    assert estimate(snap, explore=4.0).gmax[0] == 1
+    est = estimate(snap, explore=4.0, first_gpus=4)
+    assert est.gmax[0] == 4
+    assert np.all(np.isfinite(est.time[0, 1:5]))
+    # Once measured on 2 GPUs, exploration allows 4 x 2.
+    measured = JobView(**{**job.__dict__, "profile": (StepSample(1, 2, 16, 0.1, 0.01),)})
+    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(measured,))
+    assert estimate(snap, explore=4.0, first_gpus=4).gmax[0] == 8

@@ -111,7 +111,14 @@ def test_tiresias_gang_schedules_in_queue_order() -> None:
 
 
 @pytest.mark.parametrize(
-    "options", [{"whole_set": True}, {"knee": 0.5}, {"priority": 1.0}, {"max_job_gpus": 4}]
+    "options",
+    [
+        {"whole_set": True},
+        {"knee": 0.5},
+        {"priority": 1.0},
+        {"max_job_gpus": 4},
+        {"rank_weight": 0.0},
+    ],
 )
 def test_ones_variants_give_valid_plans(options: dict[str, object]) -> None:
     from hpcorch.policy.ones import OnesPolicy
