@@ -46,7 +46,7 @@ class Toy:
         """True on every rank when ``flag`` is true on one (all ranks stop at one step)."""
         t = torch.tensor([1.0 if flag else 0.0])
         if self.world > 1:
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            dist.all_reduce(t)  # the sum: positive when any rank's flag is set
         return bool(t.item() > 0)
 
     def barrier(self) -> None:

@@ -347,12 +347,7 @@ class Sidecar:
             proc.send_signal(num)  # srun relays these to every task (or no srun at all)
             return
         # srun would end the step on any other signal: deliver it to the tasks themselves
-        subprocess.run(
-            ["scancel", f"--signal={num}", self.job_id],
-            check=False,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        _scancel(f"--signal={num}", self.job_id)
 
     def _begin_stop(self, proc: subprocess.Popen[bytes]) -> None:
         self.stop_started = time.time()
@@ -383,12 +378,7 @@ class Sidecar:
             return
         # SIGKILL for the whole job would cancel it: kill the training step(s) only
         for step in self._steps():
-            subprocess.run(
-                ["scancel", "--signal=KILL", step],
-                check=False,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
+            _scancel("--signal=KILL", step)
         try:
             proc.wait(KILL_WAIT_S)
         except subprocess.TimeoutExpired:
@@ -461,6 +451,13 @@ class Sidecar:
             if done.returncode != 0:
                 log("requeue failed: resubmit to resume")
         return EXIT_RELAUNCH
+
+
+def _scancel(*args: str) -> None:
+    """Signal job steps; a step that has ended meanwhile is not an error."""
+    subprocess.run(
+        ["scancel", *args], check=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
