@@ -8,6 +8,7 @@ from MASTER_ADDR (the job wrapper exports it) or the first node of the step.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import re
@@ -195,6 +196,12 @@ def _mpi_rendezvous(info: LaunchInfo) -> LaunchInfo:
     )
 
 
+def destroy_process_group() -> None:
+    """Leave the process group if this process is in one (safe to call twice)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def init_process_group(
     backend: str | None = None,
     launcher: str | None = None,
@@ -226,6 +233,10 @@ def init_process_group(
             timeout=timeout,
             device_id=device if backend == "nccl" else None,
         )
+        # A group left for the interpreter's finalization can abort the process (gloo's
+        # worker threads outlive Python: "terminate called without an active exception"
+        # after training finished): tear it down while Python is still alive.
+        atexit.register(destroy_process_group)
     return DistInfo(
         launcher=info.launcher,
         backend=backend,

@@ -380,6 +380,8 @@ class ElasticJob:
     def _finish(self) -> None:
         if self.final_checkpoint:
             self.checkpoint(reason="done")
+        if self.world_size > 1:
+            dist.barrier()  # no rank leaves while another is still in a collective
         self.metrics.event("done", step=self.global_step)
         self.heartbeat.beat(self.global_step, state="done", force=True)
 
