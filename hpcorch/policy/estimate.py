@@ -33,6 +33,11 @@ class Estimates:
     """Smallest GPU count each job may run with."""
     models: dict[str, ThroughputModel] = field(default_factory=dict)
     """Step-time model per application."""
+    speed_now: np.ndarray | None = None
+    """``speed_now[j, g]``: speed in the current epoch on ``g`` GPUs relative to the
+    fastest count up to ``gmax`` (1 at the best, 0 where infeasible)."""
+    remaining: np.ndarray | None = None
+    """Seconds to finish if every remaining epoch ran at its own best GPU count."""
 
 
 def _grid(job: JobView, gcap: int) -> np.ndarray:
@@ -77,6 +82,8 @@ def estimate(
     width = int(gmax.max()) + 1 if n else 1
     time = np.full((n, width), np.inf)
     batch = np.zeros((n, width), dtype=np.int64)
+    speed_now = np.zeros((n, width))
+    remaining = np.zeros(n)
     for app, idx in by_app.items():
         model = models[app]
         j0 = jobs[idx[0]]
@@ -129,10 +136,24 @@ def estimate(
             total_t = (seg_w[:, None] * per.min(axis=2)).sum(axis=0)
             k = int(gmax[i])
             time[i, 1 : k + 1] = total_t[:k]
+            lo = max(min(j.min_gpus, k), 1) - 1
+            seg_best = per[:, lo:k, :].min(axis=2)  # (S, g) seconds per unit progress
+            remaining[i] = float((seg_w * seg_best.min(axis=1)).sum())
+            with np.errstate(divide="ignore"):
+                speed_now[i, lo + 1 : k + 1] = seg_best[0].min() / seg_best[0]
             time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
             batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
-    return Estimates(jobs=jobs, time=time, batch=batch, gmax=gmax, gmin=gmin, models=models)
+    return Estimates(
+        jobs=jobs,
+        time=time,
+        batch=batch,
+        gmax=gmax,
+        gmin=gmin,
+        models=models,
+        speed_now=speed_now,
+        remaining=remaining,
+    )
 
 
 SEGMENTS = 6

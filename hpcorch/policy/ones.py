@@ -62,6 +62,10 @@ class OnesPolicy:
     rank_weight: float = 0.5
     """Further weight each job's score by its rank by remaining time (the longest job
     ranks 1, the shortest n) to this power, as in heSRPT's optimal allocation."""
+    now_rate: bool = False
+    """Score a GPU count by the job's speed in its current epoch (the remaining time at
+    each epoch's best count, stretched by the current relative speed) instead of the
+    remaining time if the job kept that count to the end."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -85,7 +89,12 @@ class OnesPolicy:
         cur = np.array([min(j.gpus, width - 1) for j in jobs], dtype=np.int64)
         cols = np.arange(width)[None, :]
         change = cols != cur[:, None]
-        t = est.time + np.where(change, snapshot.restart_cost_s, 0.0)
+        base = est.time
+        if self.now_rate and est.speed_now is not None and est.remaining is not None:
+            with np.errstate(divide="ignore"):
+                base = np.where(est.speed_now > 0, est.remaining[:, None] / est.speed_now, np.inf)
+            base[:, 0] = np.inf
+        t = base + np.where(change, snapshot.restart_cost_s, 0.0)
         running = (cur > 0)[:, None]
         t = np.where(change & running, t / (1.0 - self.hysteresis), t)
         # A job about to finish is never resized: the restart would cost more than it saves.

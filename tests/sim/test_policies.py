@@ -118,6 +118,7 @@ def test_tiresias_gang_schedules_in_queue_order() -> None:
         {"priority": 1.0},
         {"max_job_gpus": 4},
         {"rank_weight": 0.0},
+        {"now_rate": True},
     ],
 )
 def test_ones_variants_give_valid_plans(options: dict[str, object]) -> None:
@@ -130,3 +131,21 @@ def test_ones_variants_give_valid_plans(options: dict[str, object]) -> None:
         validate_plan(snap, plan)
         if "max_job_gpus" in options:
             assert all(p.gpus <= 4 for p in plan.jobs)
+
+
+def test_estimate_current_speed_and_best_remaining_time() -> None:
+    """The current-epoch speed is 1 at the best count and never above; finishing with
+    every epoch at its own best count is never slower than any fixed count."""
+    from hpcorch.policy.estimate import estimate
+
+    for seed in range(3):
+        est = estimate(_snapshot(seed, 20), explore=4.0)
+        assert est.speed_now is not None and est.remaining is not None
+        for j in range(len(est.jobs)):
+            k = int(est.gmax[j])
+            lo = int(est.gmin[j])
+            speed = est.speed_now[j, max(lo, 1) : k + 1]
+            assert speed.max() == pytest.approx(1.0)
+            assert (speed >= 0).all() and (speed <= 1.0 + 1e-12).all()
+            times = est.time[j, max(lo, 1) : k + 1]
+            assert est.remaining[j] <= times.min() * (1 + 1e-9)
