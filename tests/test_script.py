@@ -147,3 +147,53 @@ def test_shape_uses_fewest_even_nodes(
 def test_shape_that_cannot_be_even_is_an_error() -> None:
     with pytest.raises(SpecError, match="cannot be spread evenly"):
         choose_shape(5, 4, 4)
+
+
+FAKE_SRUN = """#!/bin/sh
+if [ -n "$FAKE_BEAT" ]; then
+  printf '{"time": %s, "step": 3, "state": "%s"}' "$(date +%s)" "$FAKE_BEAT" \\
+    > "$HPCORCH_JOB_DIR/heartbeat"
+fi
+exit "$FAKE_RC"
+"""
+
+
+@pytest.mark.parametrize(
+    ("beat", "rc", "stale", "want"),
+    [
+        ("done", 134, False, 0),  # aborted in teardown after every rank finished
+        ("running", 134, False, 134),  # died while training: a failure
+        ("done", 1, False, 1),  # a Python error after training stays an error
+        ("done", 134, True, 134),  # a "done" from an earlier launch says nothing
+    ],
+)
+def test_wrapper_counts_a_teardown_abort_after_training_as_finished(
+    tmp_path: Path, beat: str, rc: int, stale: bool, want: int
+) -> None:
+    """gloo can abort a finished rank while the process exits; the wrapper trusts the
+    runtime's "done" heartbeat of this launch (written after every rank's last step)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text(FAKE_SRUN)
+    (fake_bin / "srun").chmod(stat.S_IRWXU)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    env = {
+        **os.environ,
+        "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n1",
+        "MASTER_ADDR": "127.0.0.1",
+        "HPCORCH_JOB_DIR": str(job_dir),
+        "HPCORCH_PYTHON": sys.executable,
+        "FAKE_BEAT": "" if stale else beat,
+        "FAKE_RC": str(rc),
+    }
+    if stale:
+        (job_dir / "heartbeat").write_text(json.dumps({"time": 1.0, "state": beat}))
+    wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
+    run = subprocess.run(
+        ["bash", str(wrapper), "train.py"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == want, run.stderr
+    assert ("counted as finished" in run.stderr) == (want == 0), run.stderr
