@@ -133,11 +133,12 @@ def estimate(
             gn = _gain(eff[None, :, :], j.min_batch, seg_rho[:, None, None])
             per = it[None, :, :] / gn
             best_now = np.argmin(per[0], axis=1)
-            total_t = (seg_w[:, None] * per.min(axis=2)).sum(axis=0)
+            per_best = per.min(axis=2)  # (S, G): seconds per unit progress at the best batch
+            total_t = (seg_w[:, None] * per_best).sum(axis=0)
             k = int(gmax[i])
             time[i, 1 : k + 1] = total_t[:k]
             lo = max(min(j.min_gpus, k), 1) - 1
-            seg_best = per[:, lo:k, :].min(axis=2)  # (S, g) seconds per unit progress
+            seg_best = per_best[:, lo:k]
             remaining[i] = float((seg_w * seg_best.min(axis=1)).sum())
             with np.errstate(divide="ignore"):
                 speed_now[i, lo + 1 : k + 1] = seg_best[0].min() / seg_best[0]
