@@ -400,7 +400,7 @@ class ElasticJob:
                 print(f"hpcorch: error: cannot write checkpoint {path}: {e}", file=sys.stderr)
                 ok = 0.0
         status = torch.tensor([ok], dtype=torch.float64, device=self.device)
-        dist.all_reduce(status, op=dist.ReduceOp.MIN)
+        dist.broadcast(status, src=0)  # only rank 0 writes: its outcome is every rank's
         if status.item() < 1:
             self._exit(EXIT_FAILED)
         self._last_ckpt = time.monotonic()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
+from hpcorch.protocol import CHECKPOINT_DIR, EXIT_DONE, EXIT_FAILED, EXIT_RELAUNCH
 from tests.runtime.harness import events, launch, signal_at, wait_for
 
 pytestmark = pytest.mark.slow
@@ -98,3 +98,14 @@ def test_process_group_is_left_before_interpreter_teardown(tmp_path: Path) -> No
         [sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     assert out.split("\n")[:2] == ["initialized: True", "initialized at exit: False"], out
+
+
+def test_checkpoint_that_rank_0_cannot_write_fails_every_rank(tmp_path: Path) -> None:
+    jd = tmp_path / "job"
+    jd.mkdir()
+    (jd / CHECKPOINT_DIR).write_text("a file where the checkpoint directory should be\n")
+    run = launch(2, jd, ARGS)
+    signal_at(run, jd, 3, ranks=[1])
+    assert run.wait() == [EXIT_FAILED, EXIT_FAILED]
+    assert "hpcorch: error: cannot write checkpoint" in run.stderr()
+    assert not events(jd, "checkpoint")
