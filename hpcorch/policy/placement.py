@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from hpcorch.policy.common import job_plan, place_packed, split_batch
+from hpcorch.policy.common import free_gpus, job_plan, place_packed, split_batch
 from hpcorch.policy.estimate import Estimates
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
@@ -51,12 +51,8 @@ def place_schedule(
     jobs = snapshot.jobs
     g = schedule.copy()
     per_node = max(snapshot.node_gpus)
-    free = list(snapshot.node_gpus)
-    placements: dict[int, dict[int, int]] = {}
-    for i, j in enumerate(jobs):
-        if g[i] > 0 and g[i] == j.gpus:
-            placements[i] = dict(j.placement)
-            _take(free, j.placement)
+    placements = {i: dict(j.placement) for i, j in enumerate(jobs) if g[i] > 0 and g[i] == j.gpus}
+    free = free_gpus(snapshot, {jobs[i].job_id: p for i, p in placements.items()})
     rest = [i for i in range(len(jobs)) if g[i] > 0 and i not in placements]
     for i in sorted(rest, key=lambda i: -int(g[i])):
         gi = int(g[i])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hpcorch.policy.common import job_plan, keep_plan, place_packed
+from hpcorch.policy.common import free_gpus, job_plan, keep_plan, place_packed
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
@@ -66,15 +66,10 @@ class SidecarPolicy:
         while int(g.sum()) > total:
             i = int(np.argmax(g))
             g[i] = g[i] - 1 if g[i] - 1 >= est.gmin[i] else 0
-        free = list(snapshot.node_gpus)
-        plans: list[JobPlan] = []
-        placed: set[int] = set()
-        for i, j in enumerate(jobs):
-            if g[i] > 0 and g[i] == j.gpus:
-                for node, c in j.placement.items():
-                    free[node] -= c
-                plans.append(keep_plan(j))
-                placed.add(i)
+        kept = [i for i, j in enumerate(jobs) if g[i] > 0 and g[i] == j.gpus]
+        free = free_gpus(snapshot, {jobs[i].job_id: jobs[i].placement for i in kept})
+        plans: list[JobPlan] = [keep_plan(jobs[i]) for i in kept]
+        placed = set(kept)
         for i in sorted(range(n), key=lambda i: -int(g[i])):
             if g[i] == 0 or i in placed:
                 continue
