@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/simulate_engines.py POLICIES WORKLOAD.csv[,...] ENGINES
 e.g.   python benchmarks/simulate_engines.py tiresias,ones \\
-           ../shared/data/pollux/workloads/load-1.0/workload-6.csv direct,controller
+           load-1.0/workload-6 direct,controller
 """
 
 import sys

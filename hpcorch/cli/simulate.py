@@ -15,7 +15,7 @@ from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
-from hpcorch.sim.traces import TraceError, load_apps
+from hpcorch.sim.traces import TraceError, default_data_dir, load_apps
 from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
 
 
@@ -52,6 +52,20 @@ def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[s
             )
         out[app] = seconds
     return tuple(sorted(out.items()))
+
+
+def _workload_path(value: Path, data: Path) -> Path:
+    """A workload CSV: the path as given, else a workload of the data directory by name
+    (``load-1.0/workload-6`` stands for ``<data>/workloads/load-1.0/workload-6.csv``)."""
+    if value.exists() or value.is_absolute():
+        return value
+    name = str(value).removesuffix(".csv")
+    bundled = data / "workloads" / f"{name}.csv"
+    if bundled.is_file():
+        return bundled
+    known = sorted(f"{p.parent.name}/{p.stem}" for p in (data / "workloads").glob("*/*.csv"))
+    hint = f" (or a bundled workload: {', '.join(known[:3])}, ...)" if known else ""
+    raise click.BadParameter(f"no file {str(value)!r}{hint}", param_hint="WORKLOADS")
 
 
 @click.command(name="simulate")
@@ -111,7 +125,8 @@ def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[s
     "--data",
     type=click.Path(path_type=Path, file_okay=False),
     default=None,
-    help="Trace data directory [default: $HPCORCH_POLLUX_DATA or ../shared/data/pollux].",
+    help="Trace data directory [default: $HPCORCH_POLLUX_DATA, else the Pollux artifact's "
+    "data bundled with hpcorch].",
 )
 @click.option(
     "--engine",
@@ -150,14 +165,18 @@ def simulate(
     plot: Path | None,
     per_job: Path | None,
 ) -> None:
-    """Simulate scheduling policies on workload CSV files (name,time,application,...)."""
+    """Simulate scheduling policies on workload CSV files (name,time,application,...).
+
+    A WORKLOAD is a CSV path or the name of a bundled workload, e.g. load-1.0/workload-6.
+    """
     names = _policies(policy)
     try:
         apps = load_apps(data)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
+    root = data or default_data_dir()
     loaded: list[tuple[str, list[WorkloadJob]]] = []
-    for path in workloads:
+    for path in (_workload_path(w, root) for w in workloads):
         try:
             loaded.append((path.stem, load_workload(path, apps)))
         except WorkloadError as exc:

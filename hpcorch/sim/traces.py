@@ -193,12 +193,17 @@ class AppTrace:
         return float(self.validation[0].progress[0])
 
 
+BUNDLED_DATA = Path(__file__).resolve().parent / "data" / "pollux"
+"""The Pollux artifact's traces, workloads and published results, shipped with hpcorch
+(Apache-2.0; see its README.md and LICENSE)."""
+
+
 def default_data_dir() -> Path:
-    """``$HPCORCH_POLLUX_DATA`` or ``<repository root>/../shared/data/pollux``."""
+    """``$HPCORCH_POLLUX_DATA`` or the data bundled with hpcorch."""
     env = os.environ.get("HPCORCH_POLLUX_DATA")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "pollux"
+    return BUNDLED_DATA
 
 
 _APPS: dict[Path, dict[str, AppTrace]] = {}

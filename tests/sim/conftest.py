@@ -11,7 +11,7 @@ from hpcorch.sim.traces import AppTrace, default_data_dir, load_apps
 def data_dir() -> Path:
     d = default_data_dir()
     if not (d / "traces").is_dir():
-        pytest.skip(f"trace data not found at {d} (set HPCORCH_POLLUX_DATA)")
+        pytest.fail(f"trace data not found at {d}: it ships in hpcorch/sim/data/pollux")
     return d
 
 

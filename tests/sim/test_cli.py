@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from hpcorch.cli import main
+from hpcorch.sim.traces import BUNDLED_DATA, default_data_dir
 
 
 def _run(*args: str) -> tuple[int, str, str]:
@@ -75,6 +76,16 @@ def test_unknown_policy_lists_valid(data_dir: Path, small_workload: Path) -> Non
 def test_missing_file(data_dir: Path) -> None:
     code, _, err = _run("/nonexistent/w.csv")
     assert code != 0 and "Traceback" not in err
+
+
+def test_bundled_workload_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HPCORCH_POLLUX_DATA", raising=False)
+    assert (BUNDLED_DATA / "LICENSE").is_file() and default_data_dir() == BUNDLED_DATA
+    code, out, err = _run("load-0.5/workload-5", "--policy", "fifo", "--json")
+    assert code == 0, err
+    assert json.loads(out)["results"][0]["workload"] == "workload-5"
+    code, _, err = _run("load-0.5/workload-99", "--policy", "fifo")
+    assert code == 2 and "load-0.5/workload-1" in err and "Traceback" not in err
 
 
 def test_data_dir_from_env(
