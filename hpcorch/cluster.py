@@ -76,17 +76,29 @@ class Observation:
 
 @dataclass(frozen=True)
 class Shape:
-    """Where a launch runs: ``nodes`` x ``gpus_per_node``, on ``node_names`` if given."""
+    """Where a launch runs: ``nodes`` x ``gpus_per_node``, on ``node_names`` if given.
+
+    ``per_node``, when set, is an exact (possibly uneven) placement: the GPUs on each of
+    ``node_names``, in the same order, which is also the rank order (ranks fill the first
+    node, then the next). ``gpus_per_node`` is then the largest of them.
+    """
 
     nodes: int
     gpus_per_node: int
     node_names: tuple[str, ...] = ()
     cpus_per_gpu: int = 0
     """CPUs with each GPU (0: as submitted)."""
+    per_node: tuple[int, ...] = ()
 
     @property
     def gpus(self) -> int:
+        if self.per_node:
+            return sum(self.per_node)
         return self.nodes * self.gpus_per_node
+
+    @property
+    def even(self) -> bool:
+        return not self.per_node or len(set(self.per_node)) == 1
 
 
 class Cluster(Protocol):

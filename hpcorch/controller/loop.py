@@ -33,6 +33,10 @@ ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
 class LoopConfig:
     interval_s: float = 10.0
     """Seconds between cycles."""
+    fast_interval_s: float = 1.0
+    """Seconds between cycles while a transition is in flight (a job starting or
+    stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
+    it, not at the next full cycle."""
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
@@ -395,6 +399,16 @@ class Controller:
             self.log(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
 
     # --- running ------------------------------------------------------------------------
+    def in_flight(self) -> bool:
+        """A transition is under way: some job is starting or stopping."""
+        return any(r.phase in ("starting", "stopping") for r in self.store.jobs(active_only=True))
+
+    def next_interval(self) -> float:
+        """Seconds to the next cycle: short while a transition is in flight."""
+        if self.in_flight():
+            return min(self.config.fast_interval_s, self.config.interval_s)
+        return self.config.interval_s
+
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
         backoff = self.config.interval_s
         while not should_stop():
@@ -407,4 +421,4 @@ class Controller:
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue
-            sleep(max(0.0, self.config.interval_s - (time.monotonic() - t0)))
+            sleep(max(0.0, self.next_interval() - (time.monotonic() - t0)))
