@@ -57,9 +57,14 @@ class ObservedJob:
     tags: Mapping[str, str] = field(default_factory=dict)
     """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
     end_time: float = 0.0
+    per_node: tuple[int, ...] = ()
+    """GPUs on each of ``node_names`` (same order) when the cluster reports them, e.g. an
+    uneven placement; empty: ``gpus_per_node`` on every node."""
 
     @property
     def gpus(self) -> int:
+        if self.per_node:
+            return sum(self.per_node)
         return len(self.node_names) * self.gpus_per_node
 
     @property

@@ -18,15 +18,20 @@ from typing import Any
 
 from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import reconcile
+from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action, Settings
-from hpcorch.controller.snapshot import build_snapshot, completed
+from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
+MAX_DECLARED_EPOCHS = 1_000_000
+MAX_DECLARED_SAMPLES = 10**12
+"""Bounds on the declared length in a job's comment (``epochs=``, ``dataset=``)."""
+
+ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,8 @@ class LoopConfig:
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
-    """What the policy assumes a resize costs a job."""
+    """What the policy assumes a resize costs a job; a running job also trains at least
+    this long (and at least ``settings.min_run_s``) before it is stopped again."""
     max_starts_per_cycle: int = 64
     settings: Settings = field(default_factory=Settings)
 
@@ -73,11 +79,22 @@ class Controller:
         self.last_decision_s = 0.0
         self.history: list[CompletedJob] = []
         self._history_ids: set[int] = set()
+        self._pool_meta = ""
+        self._profiles = Profiles()
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
+        self.records = Records(store)
+        """Every job's record as the store holds it (the controller is its only writer)."""
 
     # --- one cycle ----------------------------------------------------------------------
     def cycle(self) -> CycleStats:
+        try:
+            return self._cycle()
+        except BaseException:
+            self.records.load()  # the store is the truth: drop what the cycle changed in memory
+            raise
+
+    def _cycle(self) -> CycleStats:
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
@@ -85,7 +102,7 @@ class Controller:
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}
         changed = self._adopt_new(obs, now)
-        records = self.store.jobs(active_only=True)
+        records = self.records.active()
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             out = reconcile.observe(
@@ -95,27 +112,28 @@ class Controller:
             changed |= bool(out.events) and not rec.active
             self._events(rec, out.events)
         self._account(records, now)
-        samples = self._read_metrics(records)
+        self._read_metrics(records)
         decision_s = 0.0
         if changed or now - self.last_round >= self.config.round_s:
-            decision_s, acts = self._schedule(obs, records, samples, now)
+            decision_s, acts = self._schedule(obs, records, now)
             pending += acts
             self.last_round = now
+        # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
-            for rec in records:
-                self.store.put_job(rec)
+            self.records.write()
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
             ]
         starts = 0
+        done: list[tuple[int, str]] = []
         for rec, action, decision_id in intents:
             if action.kind == "start":
                 starts += 1
                 if starts > self.config.max_starts_per_cycle:
-                    self.store.finish_decision(decision_id, "deferred")
+                    done.append((decision_id, "deferred"))
                     continue
-            self._execute(rec, action, decision_id)
+            done.append((decision_id, self._execute(rec, action)))
         stats = CycleStats(
             time=now,
             seconds=time.perf_counter() - t0,
@@ -124,22 +142,28 @@ class Controller:
             jobs=len(records),
             actions=len(intents),
         )
-        self.store.add_cycle(stats)
-        pool = [
-            {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
-            for n in obs.nodes
-        ]
-        self.store.set_meta("pool", json.dumps(pool))
+        pool = json.dumps(
+            [
+                {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
+                for n in obs.nodes
+            ]
+        )
+        with self.store.transaction():
+            for decision_id, status in done:
+                self.store.finish_decision(decision_id, status)
+            self.store.add_cycle(stats)
+            if pool != self._pool_meta:
+                self.store.set_meta("pool", pool)
+                self._pool_meta = pool
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
-        new = [j for j in obs.jobs if self.store.job(j.slurm_id) is None]
-        with self.store.transaction():
-            for j in new:
-                rec = self._record(j, now)
-                self.store.put_job(rec)
-                self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
+        new = [j for j in obs.jobs if j.slurm_id not in self.records]
+        for j in new:
+            rec = self._record(j, now)
+            self.records.add(rec)
+            self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
         return bool(new)
 
     def _record(self, j: ObservedJob, now: float) -> JobRecord:
@@ -179,6 +203,12 @@ class Controller:
             stop_grace_s=float(_int(t, "grace", 0)),
             min_cpus=max(1, _int(t, "mincpus", 1)),
         )
+        # The length its user declared (epochs, samples per epoch), until it reports its own.
+        epochs, dataset = _int(t, "epochs", 0), _int(t, "dataset", 0)
+        if 0 < epochs <= MAX_DECLARED_EPOCHS:
+            rec.epochs = epochs
+        if 0 < dataset <= MAX_DECLARED_SAMPLES:
+            rec.steps_per_epoch = dataset / max(1, rec.batch)
         if phase == "starting" and not rec.target_gpus:
             rec.target_gpus = rec.min_gpus
         return rec
@@ -196,7 +226,7 @@ class Controller:
                     rec.gpu_seconds += rec.gpus * dt
         self.last_time = now
 
-    def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:
+    def _read_metrics(self, records: Sequence[JobRecord]) -> None:
         new: list[Sample] = []
         for rec in records:
             if rec.phase not in ("running", "stopping") or not rec.job_dir:
@@ -206,10 +236,7 @@ class Controller:
                 sample = self._digest(rec, line)
                 if sample is not None:
                     new.append(sample)
-        if new:
-            with self.store.transaction():
-                self.store.add_samples(new)
-        return {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
+        self.records.stage(new)
 
     def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
         event = line.get("event")
@@ -218,6 +245,8 @@ class Controller:
             return None
         if event == "start":
             rec.ready = 1
+            at = line.get("time")
+            rec.ready_at = float(at) if isinstance(at, int | float) else rec.phase_since
             epochs, size = line.get("epochs"), line.get("dataset_size")
             if isinstance(epochs, int) and epochs > 0:
                 rec.epochs = epochs
@@ -261,6 +290,7 @@ class Controller:
             step=step,
             cpus_per_gpu=rec.cpus_per_gpu,
             data_wait=float(wait) if isinstance(wait, int | float) else None,
+            epoch=rec.epoch,
         )
 
     def _sidecar_event(self, rec: JobRecord, event: str, line: dict[str, Any]) -> None:
@@ -298,13 +328,14 @@ class Controller:
         self,
         obs: Observation,
         records: Sequence[JobRecord],
-        samples: dict[int, list[Sample]],
         now: float,
     ) -> tuple[float, list[tuple[JobRecord, Action]]]:
-        for rec in self.store.jobs():
-            if not rec.active and rec.slurm_id not in self._history_ids and rec.phase == "done":
-                self.history.append(completed(rec, self.store.samples(rec.slurm_id)))
+        for rec in self.records.ended():
+            if rec.phase == "done" and rec.slurm_id not in self._history_ids:
+                self.history.append(completed(rec, self.records.samples(rec.slurm_id)))
                 self._history_ids.add(rec.slurm_id)
+            self.records.forget_samples(rec.slurm_id)
+            self._profiles.forget(rec.slurm_id)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
         pins = {sid: int(t["pin"]) for sid, t in tags.items() if t.get("pin", "").isdigit()}
         requests = {
@@ -313,6 +344,7 @@ class Controller:
             if "req" in t or "reqbatch" in t
         }
         active = [r for r in records if r.active]
+        samples = {r.slurm_id: self.records.samples(r.slurm_id)[-200:] for r in active}
         snapshot = build_snapshot(
             now,
             obs.nodes,
@@ -323,6 +355,8 @@ class Controller:
             self.config.round_s,
             self.config.restart_cost_s,
             requests,
+            self.config.settings,
+            self._profiles,
         )
         t0 = time.perf_counter()
         try:
@@ -348,17 +382,16 @@ class Controller:
                 rec.reason = rec.fixed_reason()
                 continue
             jp = targets.get(str(rec.slurm_id))
-            gpus = jp.gpus if jp else 0
-            if jp is not None:
-                rec.target_batch = jp.global_batch
             out = reconcile.decide(
                 rec,
-                gpus,
+                jp.gpus if jp else 0,
                 dict(jp.placement) if jp else {},
                 now,
                 pool_nodes,
                 self.config.settings,
                 jp.cpus_per_gpu if jp else 0,
+                batch=jp.global_batch if jp else 0,
+                restart_cost_s=self.config.restart_cost_s,
             )
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)
@@ -371,37 +404,45 @@ class Controller:
             rec.slurm_id, a.kind, rec.gpus, to, rec.target_batch or rec.batch, a.reason
         )
 
-    def _execute(self, rec: JobRecord, a: Action, decision_id: int) -> None:
+    def _launch_plan(self, rec: JobRecord, gpus: int, launch: int) -> LaunchPlan:
+        return LaunchPlan(
+            global_batch=max(rec.target_batch or rec.batch, gpus),
+            gpus=gpus,
+            max_micro_batch=max(1, rec.max_micro),
+            job=rec.job_key,
+            launch=launch,
+        )
+
+    def _execute(self, rec: JobRecord, a: Action) -> str:
+        """Carry out ``a``; the decision's status ('done' or the error)."""
         try:
             if a.kind == "start":
                 assert a.shape is not None
                 if rec.job_dir:
                     self.cluster.write_plan(
-                        rec.job_dir,
-                        LaunchPlan(
-                            global_batch=max(rec.target_batch or rec.batch, a.shape.gpus),
-                            gpus=a.shape.gpus,
-                            max_micro_batch=max(1, rec.max_micro),
-                            job=rec.job_key,
-                            launch=rec.launches,
-                        ),
+                        rec.job_dir, self._launch_plan(rec, a.shape.gpus, rec.launches)
                     )
                 self.cluster.start(rec.slurm_id, a.shape)
+            elif a.kind == "rebatch":
+                # the running launch's own plan, rewritten: the job takes the new batch at its
+                # next step, no restart (only managed jobs get this action)
+                plan = self._launch_plan(rec, rec.gpus, max(0, rec.launches - 1))
+                self.cluster.write_plan(rec.job_dir, plan)
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
                 self.cluster.hold(rec.slurm_id)
             elif a.kind == "requeue_hold":
                 self.cluster.requeue_hold(rec.slurm_id)
-            self.store.finish_decision(decision_id)
+            return "done"
         except (HpcorchError, OSError) as exc:
-            self.store.finish_decision(decision_id, f"error: {exc}")
             self.log(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
+            return f"error: {exc}"
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
         """A transition is under way: some job is starting or stopping."""
-        return any(r.phase in ("starting", "stopping") for r in self.store.jobs(active_only=True))
+        return any(r.phase in ("starting", "stopping") for r in self.records.active())
 
     def next_interval(self) -> float:
         """Seconds to the next cycle: short while a transition is in flight."""

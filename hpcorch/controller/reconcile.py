@@ -33,7 +33,8 @@ class Settings:
     max_retries: int = 2
     """Relaunches after a failure before the job is left failed."""
     min_run_s: float = 60.0
-    """A launch runs at least this long before the controller resizes it."""
+    """A launch trains at least this long (and at least the restart cost the policy is
+    told) after it reported its start before the controller resizes or preempts it."""
     startup_s: float = 600.0
     """A launch that has not reported its start is left alone this long (it could not
     checkpoint yet: a signal would kill it); after that it is treated as started."""
@@ -44,9 +45,11 @@ class Settings:
 
 @dataclass(frozen=True)
 class Action:
-    """One thing to ask of the cluster. ``kind``: start, hold, signal, requeue_hold."""
+    """One thing to ask of the cluster."""
 
     kind: str
+    """start, hold, signal, requeue_hold, or rebatch (a running job's plan rewritten with
+    its own launch number: a new global batch at its next step, no restart)."""
     slurm_id: int
     shape: Shape | None = None
     reason: str = ""
@@ -68,13 +71,14 @@ def _set_phase(rec: JobRecord, phase: str, now: float, reason: str | None = None
 
 
 def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
-    """The launch shape for the record's target: the planned nodes when even, else the
-    fewest even nodes for Slurm to choose."""
+    """The launch shape for the record's target: exactly the planned placement (its GPUs on
+    each planned node, the nodes in rank order) when it is known and every planned node
+    exists; else the fewest even nodes for Slurm to choose."""
     placement = rec.placement()
-    counts = set(placement.values())
-    if placement and len(counts) == 1 and all(0 <= i < len(pool_nodes) for i in placement):
-        names = tuple(pool_nodes[i] for i in sorted(placement))
-        return Shape(len(names), counts.pop(), names, rec.target_cpus)
+    if placement and all(0 <= i < len(pool_nodes) for i in placement):
+        names = tuple(pool_nodes[i] for i in placement)
+        counts = tuple(placement.values())
+        return Shape(len(names), max(counts), names, rec.target_cpus, counts)
     per_node = max(placement.values()) if placement else rec.target_gpus
     for nodes in range(1, rec.target_gpus + 1):
         if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
@@ -222,7 +226,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
     if rec.phase == "running" and job.restarts > rec.slurm_restarts:
         # requeued and started again by Slurm between two cycles (a node failure)
         rec.launches += 1
-        rec.ready = 0
+        rec.ready, rec.ready_at = 0, 0.0
         _set_phase(rec, "running", now, f"relaunched by Slurm (restart {job.restarts})")
         rec.phase_since = now
         out.events.append(f"requeued: by Slurm and running again, restart {job.restarts}")
@@ -230,12 +234,13 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.launches += 1
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
-        rec.ready = 0
+        rec.ready, rec.ready_at = 0, 0.0
         _set_phase(rec, "running", now, f"launch {rec.launches}")
     if job.node_names:
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)
+        rec.node_gpus = ",".join(str(n) for n in job.per_node)
     if rec.phase == "stopping":
         waited = now - rec.phase_since
         grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
@@ -249,6 +254,26 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
             rec.signalled_at = now
 
 
+def trained_since(rec: JobRecord, now: float, s: Settings) -> float | None:
+    """When the running launch started training: its start report, or the end of
+    ``startup_s`` for one that never reports; None while it is still starting up."""
+    if rec.ready:
+        return rec.ready_at or rec.phase_since
+    if now - rec.phase_since >= s.startup_s:
+        return rec.phase_since + s.startup_s
+    return None
+
+
+def can_stop(rec: JobRecord, now: float, s: Settings, restart_cost_s: float = 0.0) -> bool:
+    """Whether a running launch may be stopped (resized, preempted) now: once it trained at
+    least ``max(min_run_s, restart_cost_s)``. Every launch gains more than its restart cost
+    before the next, so no policy can keep a job restarting without progress."""
+    if rec.phase != "running":
+        return False
+    since = trained_since(rec, now, s)
+    return since is not None and now - since >= max(s.min_run_s, restart_cost_s)
+
+
 def decide(
     rec: JobRecord,
     target_gpus: int,
@@ -257,26 +282,30 @@ def decide(
     pool_nodes: tuple[str, ...],
     s: Settings,
     cpus: int = 0,
+    *,
+    batch: int = 0,
+    restart_cost_s: float = 0.0,
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
-    ``cpus``: CPUs per GPU of the target (0: as it is)."""
+    ``cpus``: CPUs per GPU of the target (0: as it is); ``batch``: its global batch (0: as
+    it is)."""
     out = Outcome()
     cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
     if rec.phase == "queued" and target_gpus > 0:
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus
+        rec.target_batch = batch or rec.target_batch
         rec.target_placement = json.dumps(placement)
         shape = target_shape(rec, pool_nodes)
         out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
         out.events.append(f"start: {target_gpus} GPUs")
         _set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
     elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
-        if not rec.ready and now - rec.phase_since < s.startup_s:
-            return out  # still starting up: it cannot checkpoint yet
-        if target_gpus > 0 and now - rec.phase_since < s.min_run_s:
-            return out  # let a fresh launch run before paying another restart
+        if not can_stop(rec, now, s, restart_cost_s):
+            return out  # still starting up, or not yet trained for a restart's worth
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus or rec.target_cpus
+        rec.target_batch = batch or rec.target_batch
         rec.target_placement = json.dumps(placement)
         kind = "preempt" if target_gpus == 0 else "resize"
         what = f"{rec.gpus} -> {target_gpus} GPUs"
@@ -288,4 +317,17 @@ def decide(
         rec.signalled_at = now
         out.events.append(f"{kind}: {what}")
         _set_phase(rec, "stopping", now, f"{kind}: {what}")
+    elif (
+        rec.phase == "running"
+        and target_gpus
+        and batch
+        and batch != (rec.target_batch or rec.batch)
+        and rec.mode != "sidecar"
+    ):
+        # Same GPUs, new global batch: the runtime takes it at its next step, no restart.
+        what = f"global batch {rec.target_batch or rec.batch} -> {batch}"
+        rec.target_batch = batch
+        out.actions.append(Action("rebatch", rec.slurm_id, reason=what))
+        out.events.append(f"rebatch: {what}")
+        rec.reason = f"launch {rec.launches}, {what}"
     return out

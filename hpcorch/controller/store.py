@@ -14,13 +14,13 @@ import sqlite3
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -38,7 +38,12 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
         ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
         ("samples", "data_wait REAL"),
-    )
+    ),
+    3: (
+        ("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "ready_at REAL NOT NULL DEFAULT 0"),
+        ("samples", "epoch INTEGER NOT NULL DEFAULT 0"),
+    ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -169,6 +174,11 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    node_gpus: str = ""
+    """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
+    on every node."""
+    ready_at: float = 0.0
+    """When the current launch reported that training started (0: not yet)."""
 
     @property
     def movable(self) -> bool:
@@ -224,6 +234,8 @@ class Sample:
     cpus_per_gpu: int = 0
     data_wait: float | None = None
     """Seconds per step the job waited for its input (None: not measured)."""
+    epoch: int = 0
+    """The epoch the job was in when it reported."""
 
 
 @dataclass
@@ -238,6 +250,22 @@ class CycleStats:
 
 
 _JOB_FIELDS = [f.name for f in fields(JobRecord)]
+_JOB_COLUMNS = ",".join(_JOB_FIELDS)
+_JOB_MARKS = ",".join("?" * len(_JOB_FIELDS))
+_PUT_JOB = f"INSERT OR REPLACE INTO jobs({_JOB_COLUMNS}) VALUES({_JOB_MARKS})"
+_SAMPLE_FIELDS = [f.name for f in fields(Sample)]
+_ADD_SAMPLE = (
+    f"INSERT INTO samples({','.join(_SAMPLE_FIELDS)}) VALUES({','.join('?' * len(_SAMPLE_FIELDS))})"
+)
+
+
+def job_row(rec: JobRecord) -> tuple[Any, ...]:
+    """The record's values in column order (what :meth:`Store.put_job` writes)."""
+    return tuple(getattr(rec, k) for k in _JOB_FIELDS)
+
+
+def _sample_row(s: Sample) -> tuple[Any, ...]:
+    return tuple(getattr(s, k) for k in _SAMPLE_FIELDS)
 
 
 def _job(row: sqlite3.Row) -> JobRecord:
@@ -333,12 +361,10 @@ class Store:
         return None if r is None else _job(r)
 
     def put_job(self, rec: JobRecord) -> None:
-        values = asdict(rec)
-        cols = ",".join(values)
-        marks = ",".join("?" * len(values))
-        self.db.execute(
-            f"INSERT OR REPLACE INTO jobs({cols}) VALUES({marks})", list(values.values())
-        )
+        self.db.execute(_PUT_JOB, job_row(rec))
+
+    def put_jobs(self, records: Sequence[JobRecord]) -> None:
+        self.db.executemany(_PUT_JOB, [job_row(r) for r in records])
 
     # --- decisions ----------------------------------------------------------------------
     def add_decision(
@@ -377,18 +403,15 @@ class Store:
 
     # --- samples ------------------------------------------------------------------------
     def add_samples(self, samples: Sequence[Sample]) -> None:
-        if not samples:
-            return
-        names = list(asdict(samples[0]))
-        self.db.executemany(
-            f"INSERT INTO samples({','.join(names)}) VALUES({','.join('?' * len(names))})",
-            [tuple(asdict(s).values()) for s in samples],
-        )
+        if samples:
+            self.db.executemany(_ADD_SAMPLE, [_sample_row(s) for s in samples])
 
     def samples(self, slurm_id: int) -> list[Sample]:
-        rows = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
-        names = {f.name for f in fields(Sample)}
-        return [Sample(**{k: v for k, v in dict(r).items() if k in names}) for r in rows]
+        cur = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
+        have = [d[0] for d in cur.description]
+        cols = [k for k in _SAMPLE_FIELDS if k in have]  # an older database lacks some
+        idx = [have.index(k) for k in cols]
+        return [Sample(**{k: r[i] for k, i in zip(cols, idx, strict=True)}) for r in cur]
 
     # --- cycles -------------------------------------------------------------------------
     def add_cycle(self, c: CycleStats) -> None:

@@ -147,13 +147,17 @@ class AppTrace:
         if meas is not None:
             bs, st, sy = meas
             res = (float(np.interp(micro_batch, bs, st)), float(np.interp(micro_batch, bs, sy)))
-        else:
+        else:  # depends only on (nodes, GPUs, batch): one interpolation for all such
             nodes = min(len(p), MAX_INTERP_NODES)
-            q = np.array([[nodes, sum(p), micro_batch]], dtype=float)
-            out = self._interp(q)[0]
-            if not np.all(np.isfinite(out)):
-                out = self._nearest(q)[0]
-            res = (float(out[0]), float(out[1]))
+            ikey = ((-nodes, sum(p)), int(micro_batch))
+            got = self._cache.get(ikey)
+            if got is None:
+                q = np.array([[nodes, sum(p), micro_batch]], dtype=float)
+                out = self._interp(q)[0]
+                if not np.all(np.isfinite(out)):
+                    out = self._nearest(q)[0]
+                got = self._cache[ikey] = (float(out[0]), float(out[1]))
+            res = got
         self._cache[key] = res
         return res
 
