@@ -344,7 +344,7 @@ class Controller:
             if "req" in t or "reqbatch" in t
         }
         active = [r for r in records if r.active]
-        samples = {r.slurm_id: self.records.samples(r.slurm_id)[-200:] for r in active}
+        samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
         snapshot = build_snapshot(
             now,
             obs.nodes,

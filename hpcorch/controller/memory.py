@@ -14,7 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hpcorch.controller.store import JobRecord, Sample, Store, job_row
+from hpcorch.controller.store import JobRecord, Sample, Store
+
+
+def _values(rec: JobRecord) -> tuple[Any, ...]:
+    """The record's field values, to tell whether it changed (cheaper than a row)."""
+    return tuple(vars(rec).values())
 
 
 class Records:
@@ -27,7 +32,7 @@ class Records:
     def load(self) -> None:
         """(Re)read every record from the store; samples are read again when needed."""
         self.all: dict[int, JobRecord] = {r.slurm_id: r for r in self.store.jobs()}
-        self._rows: dict[int, tuple[Any, ...]] = {s: job_row(r) for s, r in self.all.items()}
+        self._rows: dict[int, tuple[Any, ...]] = {s: _values(r) for s, r in self.all.items()}
         self._active = {s: r for s, r in self.all.items() if r.active}
         self._samples: dict[int, list[Sample]] = {}
         self._staged: list[Sample] = []
@@ -75,7 +80,7 @@ class Records:
         dirty = []
         for sid in [*self._active, *self._new]:
             rec = self.all[sid]
-            row = job_row(rec)
+            row = _values(rec)
             if row != self._rows.get(sid):
                 dirty.append(rec)
                 self._rows[sid] = row

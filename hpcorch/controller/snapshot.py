@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from statistics import median
 
 import numpy as np
 
@@ -24,70 +24,95 @@ from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
 
+PROFILE_WINDOW = 200
+"""A configuration's step time is the median of its last this many measurements."""
+
+
+class _Groups:
+    """A job's measurements grouped by configuration, added to as the job reports."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.steps: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
+        self.cpus: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
+        self.value: tuple[tuple[StepSample, ...], tuple[CpuSample, ...]] | None = None
+
+    def add(self, samples: Sequence[Sample]) -> None:
+        for s in samples:
+            if s.step_time <= 0 or s.gpus <= 0 or s.micro_batch <= 0:
+                continue
+            accum = max(1, s.accum_steps)
+            times = self.steps[(s.nodes, s.gpus, s.micro_batch, accum)]
+            times.append(s.step_time)
+            del times[:-PROFILE_WINDOW]
+            if s.cpus_per_gpu > 0:
+                wait = s.data_wait / accum if s.data_wait is not None else None
+                rows = self.cpus[(s.cpus_per_gpu, s.gpus, s.micro_batch)]
+                rows.append((s.step_time / accum, wait))
+                del rows[:-PROFILE_WINDOW]
+        self.seen += len(samples)
+        self.value = None
+
+    def profiles(self) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
+        if self.value is None:
+            steps = tuple(
+                StepSample(
+                    nodes=n, gpus=g, micro_batch=m, step_time=median(t), sync_time=0.0,
+                    accum_steps=k,
+                )
+                for (n, g, m, k), t in sorted(self.steps.items())
+            )  # fmt: skip
+            cpus = []
+            for (c, g, m), rows in sorted(self.cpus.items()):
+                waits = [w for _, w in rows if w is not None]
+                cpus.append(
+                    CpuSample(
+                        cpus_per_gpu=c,
+                        gpus=g,
+                        micro_batch=m,
+                        step_time=median([t for t, _ in rows]),
+                        data_wait=median(waits) if waits else None,
+                    )
+                )
+            self.value = (steps, tuple(cpus))
+        return self.value
+
 
 def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
     """Median seconds per optimizer step at each (nodes, GPUs, micro-batch, accumulation)
-    a job ran."""
-    groups: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
-    for s in samples:
-        if s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
-            groups[(s.nodes, s.gpus, s.micro_batch, max(1, s.accum_steps))].append(s.step_time)
-    return tuple(
-        StepSample(
-            nodes=n,
-            gpus=g,
-            micro_batch=m,
-            step_time=float(np.median(t)),
-            sync_time=0.0,
-            accum_steps=k,
-        )
-        for (n, g, m, k), t in sorted(groups.items())
-    )
+    a job ran (its last ``PROFILE_WINDOW`` measurements of each)."""
+    g = _Groups()
+    g.add(samples)
+    return g.profiles()[0]
 
 
 def cpu_profile_of(samples: Sequence[Sample]) -> tuple[CpuSample, ...]:
     """Median seconds per micro-step (and input wait) at each CPUs-per-GPU count a job ran."""
-    groups: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
-    for s in samples:
-        if s.cpus_per_gpu > 0 and s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
-            accum = max(1, s.accum_steps)
-            wait = s.data_wait / accum if s.data_wait is not None else None
-            groups[(s.cpus_per_gpu, s.gpus, s.micro_batch)].append((s.step_time / accum, wait))
-    out = []
-    for (c, g, m), rows in sorted(groups.items()):
-        waits = [w for _, w in rows if w is not None]
-        out.append(
-            CpuSample(
-                cpus_per_gpu=c,
-                gpus=g,
-                micro_batch=m,
-                step_time=float(np.median([t for t, _ in rows])),
-                data_wait=float(np.median(waits)) if waits else None,
-            )
-        )
-    return tuple(out)
+    g = _Groups()
+    g.add(samples)
+    return g.profiles()[1]
 
 
 class Profiles:
-    """Each job's step-time and CPU profiles, computed again only when it reported more
-    (a round would otherwise take the medians of every job's samples again)."""
+    """Each job's step-time and CPU profiles, kept up to date with what it reports (a
+    round would otherwise take the medians of every job's samples again)."""
 
     def __init__(self) -> None:
-        self._memo: dict[int, tuple[tuple[int, float], Any]] = {}
+        self._jobs: dict[int, _Groups] = {}
 
     def of(
         self, slurm_id: int, samples: Sequence[Sample]
     ) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
-        key = (len(samples), samples[-1].time if samples else 0.0)
-        hit = self._memo.get(slurm_id)
-        if hit is not None and hit[0] == key:
-            return cast(tuple[tuple[StepSample, ...], tuple[CpuSample, ...]], hit[1])
-        value = (profile_of(samples), cpu_profile_of(samples))
-        self._memo[slurm_id] = (key, value)
-        return value
+        """``samples``: every sample the job reported so far, oldest first."""
+        g = self._jobs.get(slurm_id)
+        if g is None or g.seen > len(samples):
+            g = self._jobs[slurm_id] = _Groups()
+        if g.seen < len(samples):
+            g.add(samples[g.seen :])
+        return g.profiles()
 
     def forget(self, slurm_id: int) -> None:
-        self._memo.pop(slurm_id, None)
+        self._jobs.pop(slurm_id, None)
 
 
 NOISE_WINDOW_S = 120.0
