@@ -18,6 +18,7 @@ from typing import Any
 import click
 import numpy as np
 
+from hpcorch.cli import params
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
@@ -34,15 +35,21 @@ from hpcorch.status import fmt_duration, render_table
 state_dir_option = click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="Controller state directory [default: $HPCORCH_HOME/controller].",
 )
 
 
 @contextmanager
 def _lock(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
     path = directory / "controller.lock"
-    fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot use {exc.filename or path} as the controller's state: {exc.strerror}"
+        ) from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -67,15 +74,20 @@ def _lock(directory: Path) -> Iterator[None]:
     "--reservation",
     default="hpcorch",
     show_default=True,
+    type=params.Name(),
     help="The Slurm reservation that is the pool (created if missing).",
 )
-@click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
-@click.option("--users", help="Users of a new reservation [default: you].")
-@click.option("--partition", help="Partition of a new reservation.")
+@click.option(
+    "--nodes",
+    type=params.NameList(hostlist=True),
+    help="Nodes for a new reservation, e.g. n[1-4] [default: the partition's].",
+)
+@click.option("--users", type=params.NameList(), help="Users of a new reservation [default: you].")
+@click.option("--partition", type=params.Name(), help="Partition of a new reservation.")
 @click.option("--policy", type=click.Choice(sorted(POLICIES)), default="ones", show_default=True)
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 3600.0),
     default=10.0,
     show_default=True,
     help="Seconds between cycles.",
@@ -83,28 +95,28 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option(
     "--round",
     "round_s",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
-@click.option("--restart-cost", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option("--restart-cost", type=params.Number(0.0, 86400.0), default=30.0, show_default=True)
 @click.option(
     "--grace",
-    type=click.FloatRange(min=1),
+    type=params.Number(1.0, 86400.0),
     default=120.0,
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
-@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--max-retries", type=params.Integer(0, 1000), default=2, show_default=True)
 @click.option(
     "--min-run",
-    type=click.FloatRange(min=0),
+    type=params.Number(0.0, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=params.SEED, default=0, show_default=True)
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @state_dir_option
 def controller(
@@ -174,7 +186,7 @@ def _open_store(state_dir: str | None) -> Store:
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=params.JOB_ID)
 @state_dir_option
 def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
@@ -240,8 +252,8 @@ def _clock(t: float) -> str:
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--gpus", type=click.IntRange(min=1), help="Pin the job to this many GPUs.")
+@click.argument("job_id", type=params.JOB_ID)
+@click.option("--gpus", type=params.GPUS, help="Pin the job to this many GPUs.")
 @click.option("--auto", is_flag=True, help="Remove a pin: the policy decides again.")
 def resize(job_id: int, gpus: int | None, auto: bool) -> None:
     """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
@@ -275,8 +287,14 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 
 @click.command()
-@click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
-@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--listen", type=params.Integer(1, 65535), help="Serve on this port.")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    type=params.Address(),
+    help="Local address to serve on (with --listen).",
+)
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
     """Prometheus metrics: print once, or serve them with --listen PORT."""
@@ -306,7 +324,12 @@ def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer((address, listen), Handler)
+    try:
+        server = ThreadingHTTPServer((address, listen), Handler)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot serve on {address}:{listen}: {exc.strerror or exc}"
+        ) from None
     click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
     try:
         server.serve_forever()

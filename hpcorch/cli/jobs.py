@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.sidecar.config import SidecarError, check_regex, signal_number
@@ -37,16 +38,20 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="managed: the script uses hpcorch.runtime; sidecar: hpcorch stops and "
             "restarts it; auto: managed if the script imports hpcorch.runtime.",
         ),
-        click.option("--stop-signal", help="Sidecar: signal that stops the script [TERM]."),
+        click.option(
+            "--stop-signal",
+            type=params.SIGNAL,
+            help="Sidecar: signal that stops the script (name or number) [TERM].",
+        ),
         click.option("--stop-command", help="Sidecar: shell command that stops the script."),
         click.option(
             "--grace",
-            type=click.IntRange(min=0),
+            type=params.Integer(0, 7 * 86400),
             help="Sidecar: seconds the script has to exit before it is killed [60].",
         ),
         click.option(
             "--ckpt-dir",
-            type=click.Path(file_okay=False),
+            type=params.PathType(file_okay=False),
             help="Sidecar: where the script writes its checkpoints.",
         ),
         click.option(
@@ -63,7 +68,7 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--progress-file",
-            type=click.Path(dir_okay=False),
+            type=params.PathType(dir_okay=False),
             help='Sidecar: JSON-lines file the script writes, e.g. {"step": 10, "total": 900}.',
         ),
     ]
@@ -116,27 +121,39 @@ def sidecar_spec(
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", type=params.PathType(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--min-gpus", type=click.IntRange(min=1), required=True, help="Fewest GPUs.")
-@click.option("--max-gpus", type=click.IntRange(min=1), help="Most GPUs [default: min].")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size to start with.")
-@click.option("--max-batch-size", type=click.IntRange(min=1), help="Largest global batch size.")
-@click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00 or 1-12.")
-@click.option("--partition", help="Slurm partition [default: Slurm's default].")
-@click.option("--name", help="Job name [default: the script's name].")
-@click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU task.")
+@click.option("--min-gpus", type=params.GPUS, required=True, help="Fewest GPUs.")
+@click.option("--max-gpus", type=params.GPUS, help="Most GPUs [default: min].")
+@click.option("--batch-size", type=params.BATCH, help="Global batch size to start with.")
+@click.option("--max-batch-size", type=params.BATCH, help="Largest global batch size.")
+@click.option(
+    "--time",
+    "time_limit",
+    type=params.DURATION,
+    help="Slurm time limit, e.g. 90, 2:00:00, 1-12 or UNLIMITED.",
+)
+@click.option(
+    "--partition", type=params.Name("partition"), help="Slurm partition [default: Slurm's]."
+)
+@click.option("--name", type=params.Name("job name"), help="Job name [default: the script's name].")
+@click.option("--cpus-per-gpu", type=params.Integer(1, 1024), help="CPUs per GPU task.")
 @click.option(
     "--max-per-gpu-batch",
-    type=click.IntRange(min=1),
+    type=params.BATCH,
     help="Largest per-GPU micro-batch that fits in memory.",
 )
 @click.option(
     "--pool",
     envvar="HPCORCH_POOL",
+    type=params.Name("pool name"),
     help="The controller's pool (reservation) [default: $HPCORCH_POOL; none: straight to Slurm].",
 )
-@click.option("--app", help="Application name; jobs of one application share a model.")
+@click.option(
+    "--app",
+    type=params.Name("application name"),
+    help="Application name; jobs of one application share a model.",
+)
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
 @sidecar_options
@@ -215,10 +232,11 @@ def submit(
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option("--me", is_flag=True, help="Only my jobs.")
-@click.option("--watch", type=click.FloatRange(min=0.5), help="Refresh every N seconds.")
+@click.option("--watch", type=params.Number(0.5, 86400.0), help="Refresh every N seconds.")
 @click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="The controller's state directory, for its view of the jobs.",
 )
 def status(as_json: bool, me: bool, watch: float | None, state_dir: str | None) -> None:
@@ -283,7 +301,7 @@ def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=params.JOB_ID)
 def cancel(job_id: int) -> None:
     """Cancel hpcorch job JOB_ID (its Slurm job id)."""
     try:

@@ -167,12 +167,51 @@ def check_name(name: str) -> str:
 
 
 def check_time(limit: str) -> str:
-    if not TIME_RE.match(limit):
-        raise SpecError(
-            f"invalid time limit {limit!r}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
-            "or D-HH:MM:SS"
-        )
+    try:
+        parse_time_limit(limit)
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     return limit
+
+
+MAX_TIME_LIMIT_S = 365 * 86400
+
+
+def parse_time_limit(text: str) -> int | None:
+    """Slurm's time formats -> seconds (None for UNLIMITED / INFINITE).
+
+    minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+    days-hours:minutes:seconds; minutes and seconds below 60 after an hour or minute
+    field, hours below 24 after a day field; at most a year. ValueError names the problem."""
+    raw = text.strip()
+    if raw.upper() in ("UNLIMITED", "INFINITE"):
+        return None
+    bad = f"invalid time limit {raw[:40]!r}"
+    if not raw.isascii() or not re.fullmatch(r"[0-9]{1,9}(-[0-9]{1,2})?(:[0-9]{1,9}){0,2}", raw):
+        raise ValueError(
+            f"{bad}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
+        )
+    days_s, sep, rest = raw.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if sep:
+        h, m, s = [*parts, 0, 0][:3]
+        if h > 23 or m > 59 or s > 59:
+            raise ValueError(f"{bad}: hours must be below 24, minutes and seconds below 60")
+        total = ((int(days_s) * 24 + h) * 60 + m) * 60 + s
+    elif len(parts) == 1:
+        total = parts[0] * 60
+    elif len(parts) == 2:
+        if parts[1] > 59:
+            raise ValueError(f"{bad}: seconds must be below 60")
+        total = parts[0] * 60 + parts[1]
+    else:
+        h, m, s = parts
+        if m > 59 or s > 59:
+            raise ValueError(f"{bad}: minutes and seconds must be below 60")
+        total = (h * 60 + m) * 60 + s
+    if total > MAX_TIME_LIMIT_S:
+        raise ValueError(f"{bad}: longer than a year")
+    return total
 
 
 def check_sbatch_path(path: str, what: str) -> str:
