@@ -170,12 +170,19 @@ print("EXCEPTION" if r.exception and not isinstance(r.exception, SystemExit) els
 @pytest.mark.parametrize(
     "args", [["status"], ["describe", "1"], ["metrics"], ["metrics", "--listen", "39998"]]
 )
-def test_second_user_on_the_controllers_state_is_one_line(tmp_path: Path, args: list[str]) -> None:
+@pytest.mark.parametrize("private", ["directory", "database"])
+def test_second_user_on_the_controllers_state_is_one_line(
+    tmp_path: Path, args: list[str], private: str
+) -> None:
     from hpcorch.controller.store import Store
 
     state = tmp_path / "ctl"
     Store(state / "state.db").close()
-    state.chmod(0o700)
+    (state if private == "directory" else state / "state.db").chmod(0o700)
+    if private == "database":
+        if args == ["status"]:
+            pytest.skip("status shows Slurm's view without the controller's")
+        state.chmod(0o755)
     tmp_path.chmod(0o755)
     env = {**os.environ, "PATH": "/nonexistent", "HPCORCH_HOME": str(tmp_path / "h")}
     res = subprocess.run(

@@ -179,8 +179,14 @@ def controller(
 
 
 def _open_store(state_dir: str | None) -> Store:
+    path = controller_dir(state_dir) / STATE_DB
+    if path.exists() and not os.access(path, os.R_OK):
+        raise click.ClickException(
+            f"cannot read the controller's state {path}: permission denied (ask the site for "
+            "read access, e.g. the controller's group)"
+        )
     try:
-        return Store(controller_dir(state_dir) / STATE_DB, readonly=True)
+        return Store(path, readonly=True)
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
 

@@ -108,10 +108,6 @@ class ElasticJob:
         self.heartbeat = Heartbeat(
             jd / HEARTBEAT_FILE if main else None, gate=self.gate, launch=self.launch
         )
-        if main:
-            self.gate.write(jd, lambda: jd.mkdir(parents=True, exist_ok=True))
-            self.heartbeat.beat(0, state="starting", force=True)
-        self._stop_on_failure()  # a full or read-only disk: every rank stops, one line
         for sig in settings.signals:
             signal.signal(sig, self._on_signal)
         self._signalled = EARLY_SIGNAL.pop("time", None)
@@ -120,7 +116,11 @@ class ElasticJob:
                 f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "
                 f"ranks run; planning the batch for {self.world_size}"
             )
-        restore(self)  # from the newest checkpoint that loads, if any
+        restore(self)  # from the newest checkpoint that loads, if any (reads only)
+        if main:  # the first writes: a bad plan or checkpoint above left the directory as it was
+            self.gate.write(jd, lambda: jd.mkdir(parents=True, exist_ok=True))
+            self.heartbeat.beat(self.global_step, state="starting", force=True)
+        self._stop_on_failure()  # a full or read-only disk: every rank stops, one line
 
     # -- set-up -------------------------------------------------------------------------
     @property
