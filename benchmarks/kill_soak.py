@@ -173,6 +173,7 @@ def main() -> None:
     sh(env, "scontrol", "delete", "reservation", RES, check=False)
     ctl = Ctl(env, work / f"ctl-{int(time.time())}")
     ctl.start()
+    wait("the controller to hold the pool", lambda: "reservation" in ctl.log.read_text(), 120)
     t0 = time.time()
     jobs = []
     for i in range(a.jobs):
