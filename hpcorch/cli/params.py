@@ -253,7 +253,10 @@ class StateDir(_StrParam):
             self.fail("an empty path is no directory", param, ctx)
         if "\x00" in text:
             self.fail(f"{_show(text)} contains a NUL byte", param, ctx)
-        path = Path(text).expanduser()
+        try:
+            path = Path(text).expanduser()
+        except RuntimeError:  # ~user of no user
+            self.fail(f"{_show(text)}: no such user's home directory", param, ctx)
         try:
             exists = path.exists()
             is_dir = path.is_dir()
