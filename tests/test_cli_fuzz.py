@@ -181,8 +181,12 @@ def invoke(argv: list[str]) -> tuple[Result | None, float]:
     return result, time.monotonic() - t0
 
 
-def judge(case: Case, result: Result | None, tally: Tally, before: dict[str, tuple[int, int]] | None,
-          root: Path) -> None:  # fmt: skip
+Snapshot = dict[str, tuple[int, int]]
+
+
+def judge(
+    case: Case, result: Result | None, tally: Tally, before: Snapshot | None, root: Path
+) -> None:
     tally.calls += 1
     if result is None:
         tally.hangs.append(f"{case.argv!r}: no answer within {TIME_LIMIT_S:.0f} s")
