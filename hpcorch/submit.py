@@ -6,16 +6,18 @@ import json
 import os
 import re
 import secrets
+import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcorch.errors import SubmitError
+from hpcorch.errors import HpcorchError, SubmitError
 from hpcorch.paths import jobs_dir, wrapper_path
-from hpcorch.protocol import BATCH_SCRIPT_FILE, JOB_SPEC_FILE
+from hpcorch.protocol import BATCH_SCRIPT_FILE, DEFAULT_MAX_RELAUNCHES, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
+from hpcorch.slurm.options import SlurmOptions
 from hpcorch.slurm.parse import SlurmNode
 from hpcorch.slurm.script import (
     JobSpec,
@@ -55,6 +57,12 @@ class SubmitRequest:
     """auto (by whether the script imports hpcorch.runtime), managed or sidecar."""
     sidecar: SidecarSpec | None = None
     """The user's sidecar options, if any were given."""
+    options: SlurmOptions = field(default_factory=SlurmOptions)
+    """Further Slurm options (account, QOS, memory, ...), validated."""
+    time_budget_s: int = 0
+    """Run time across all launches (0: none); ``time_limit`` is per launch."""
+    max_relaunches: int = DEFAULT_MAX_RELAUNCHES
+    """Relaunches after checkpointing on its own, e.g. at the time limit (-1: no cap)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +180,9 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         python=sys.executable,
         sidecar=resolve_mode(req),
         min_cpus_per_gpu=req.cpus_per_gpu or 0,
+        slurm_options=tuple(req.options.sbatch_lines()),
+        time_budget_s=req.time_budget_s,
+        max_relaunches=req.max_relaunches,
     )
 
 
@@ -204,7 +215,11 @@ def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> 
         "slurm_id": None,
     }
     _write_json(job_dir / JOB_SPEC_FILE, record)
-    slurm_id = backend.submit(text)
+    try:
+        slurm_id = backend.submit(text)
+    except HpcorchError:
+        shutil.rmtree(job_dir, ignore_errors=True)  # nothing was submitted: leave no trace
+        raise
     record["slurm_id"] = slurm_id
     _write_json(job_dir / JOB_SPEC_FILE, record)
     return SubmitResult(job_key, text, job_dir, slurm_id)
