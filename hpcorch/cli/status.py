@@ -28,7 +28,17 @@ from hpcorch.status import (
 )
 from hpcorch.status_format import COMPACT_STATES, JOB_STATES
 
-PHASES = ("queued", "starting", "running", "stopping", "done", "failed", "cancelled", "lost")
+PHASES = (
+    "queued",
+    "starting",
+    "running",
+    "stopping",
+    "done",
+    "failed",
+    "cancelled",
+    "lost",
+    "timeout",
+)
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
