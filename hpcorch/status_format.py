@@ -102,6 +102,7 @@ def _parse_percent(fmt: str, fields: Mapping[str, Field[T]]) -> tuple[Column[T],
     pos = 0
     for m in _PERCENT_RE.finditer(fmt):
         if m.start() > pos:
+            _literal(fmt[pos : m.start()])
             columns.append(Column(None, text=fmt[pos : m.start()]))
         pos = m.end()
         right, width, letter = m.group(1) == ".", int(m.group(2) or 0), m.group(3)
@@ -113,11 +114,14 @@ def _parse_percent(fmt: str, fields: Mapping[str, Field[T]]) -> tuple[Column[T],
             raise FormatError(f"unknown format field %{letter} (valid: {valid})")
         columns.append(Column(by_letter[letter], width=width, right=right))
     if pos < len(fmt):
-        rest = fmt[pos:]
-        if "%" in rest:
-            raise FormatError(f"incomplete format field in {rest!r}")
-        columns.append(Column(None, text=rest))
+        columns.append(Column(None, text=_literal(fmt[pos:])))
     return tuple(columns)
+
+
+def _literal(text: str) -> str:
+    if "%" in text:
+        raise FormatError(f"bad format field in {text!r}: use %[.][width]letter")
+    return text
 
 
 def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

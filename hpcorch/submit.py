@@ -9,7 +9,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -186,8 +186,14 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
     )
 
 
-def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> SubmitResult:
-    """Submit ``req`` straight to Slurm at its minimum GPU count."""
+def submit(
+    req: SubmitRequest,
+    backend: SlurmBackend,
+    dry_run: bool = False,
+    files: Mapping[str, bytes] | None = None,
+) -> SubmitResult:
+    """Submit ``req`` (into its pool, or straight to Slurm at its minimum GPU count).
+    ``files``: more files for the job directory (name -> content), written before sbatch."""
     partition = resolve_partition(backend, req.partition)
     only = None
     if req.pool is not None:
@@ -208,6 +214,10 @@ def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> 
         return SubmitResult(job_key, text, job_dir, None)
     job_dir.mkdir(parents=True, mode=0o750)
     (job_dir / BATCH_SCRIPT_FILE).write_text(text)
+    for name, content in (files or {}).items():
+        if "/" in name or name.startswith("."):
+            raise SubmitError(f"not a file name for the job directory: {name!r}")
+        (job_dir / name).write_bytes(content)
     record: dict[str, object] = {
         "job_key": job_key,
         "request": asdict(req),
