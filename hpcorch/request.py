@@ -179,8 +179,9 @@ def build_request(
         total = parse_duration(time_total, "--time-total") if time_total else None
     except (SpecError, DurationError) as exc:
         raise RequestError(str(exc)) from exc
-    if total is not None and (per_launch is None or per_launch > total):
-        # no launch may run past the budget: the first one gets at most all of it
+    if total is not None and (not time_limit or (per_launch is not None and per_launch > total)):
+        # no launch may run past the budget: the first one gets at most all of it (an
+        # explicit --time UNLIMITED leaves the budget to the controller or the wrapper)
         time_limit = time_total
     elif time_limit and per_launch is None:
         time_limit = "UNLIMITED"

@@ -254,3 +254,18 @@ def test_submit_after_script_belongs_to_the_script(tmp_path: Path) -> None:
 def test_a_bad_percent_field_is_refused() -> None:
     with pytest.raises(FormatError, match="use %"):
         render_jobs([], "%-6j")
+
+
+def test_every_option_of_every_command_has_help() -> None:
+    import click
+
+    from hpcorch.cli import COMMANDS
+
+    ctx = click.Context(main)
+    missing = [
+        f"{name} {p.opts[0]}"
+        for name in COMMANDS
+        for p in main.get_command(ctx, name).params  # type: ignore[union-attr]
+        if isinstance(p, click.Option) and not p.help and not p.hidden
+    ]
+    assert missing == []

@@ -279,3 +279,33 @@ def cancel(
         click.echo("no running or pending hpcorch job matches", err=True)
     if errors:
         raise SystemExit(1)
+
+
+def describe_from_slurm(job_id: int) -> None:
+    """``describe`` for a job no controller here knows: Slurm's view and its directory."""
+    from hpcorch.joblogs import find_job_dir, log_name
+    from hpcorch.timefmt import fmt_duration
+
+    try:
+        job = next((j for j in make_backend().jobs() if j.job_id == job_id), None)
+    except HpcorchError as exc:
+        raise _fail(exc) from exc
+    directory = find_job_dir(job_id, job)
+    if job is None and directory is None:
+        raise click.ClickException(f"job {job_id} is known neither to Slurm nor to a controller")
+    if job is not None:
+        tags = parse_comment(job.comment)
+        if tags is None:
+            raise click.ClickException(f"job {job_id} was not submitted by hpcorch")
+        limit = fmt_duration(job.time_limit_min * 60 if job.time_limit_min else None)
+        click.echo(f"job {job_id} ({job.name}) of {job.user}: {job.state} (no controller)")
+        click.echo(
+            f"  GPUs {job.gpus} (range {tags.get('min', '?')}-{tags.get('max', '?')}), "
+            f"restarts {job.restarts}, time limit {limit} per launch, account "
+            f"{job.account or '-'}, QOS {job.qos or '-'}"
+        )
+    else:
+        click.echo(f"job {job_id}: Slurm no longer lists it")
+    if directory is not None:
+        click.echo(f"  directory {directory}")
+        click.echo(f"  output {directory / log_name(job_id)} (hpcorch logs {job_id})")
