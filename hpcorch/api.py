@@ -120,14 +120,9 @@ class Executor:
         return value is what :meth:`Job.result` gives."""
         if not callable(fn):
             raise RequestError(f"submit() takes a function, got {type(fn).__name__}")
-        payload = {
-            "fn": fn,
-            "args": args,
-            "kwargs": kwargs,
-            "sys_path": [p for p in sys.path if p and os.path.isdir(p)],
-        }
+        path = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
         try:
-            data = fnjob._dumps(payload)
+            data = fnjob.payload(fn, args, kwargs, path)
         except Exception as exc:
             hint = "" if _has_cloudpickle() else " (pip install cloudpickle for such functions)"
             raise RequestError(f"the function cannot be pickled: {exc}{hint}") from exc

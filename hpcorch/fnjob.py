@@ -28,6 +28,12 @@ def _dumps(obj: Any) -> bytes:
         return pickle.dumps(obj)
 
 
+def payload(fn: Any, args: Any, kwargs: Any, sys_path: list[str]) -> bytes:
+    """What the job loads: the submitter's import path (so that the function's module
+    imports in the job), then the pickled call, unpickled only once that path is set."""
+    return pickle.dumps({"sys_path": sys_path, "call": _dumps((fn, args, kwargs))})
+
+
 def write_result(job_dir: Path, doc: dict[str, Any]) -> None:
     tmp = job_dir / (RESULT_FILE + ".tmp")
     try:
@@ -50,11 +56,11 @@ def main() -> int:
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
         with open(job_dir / PAYLOAD_FILE, "rb") as fh:
-            payload = pickle.load(fh)
+            payload = pickle.load(fh)  # plain data: the submitter's path, then the call
         for entry in reversed(payload.get("sys_path", [])):
             if entry not in sys.path:
                 sys.path.insert(0, entry)
-        fn, args, kwargs = payload["fn"], payload["args"], payload["kwargs"]
+        fn, args, kwargs = pickle.loads(payload["call"])
         value = fn(*args, **kwargs)
     except BaseException as exc:  # report every failure, SystemExit included
         if isinstance(exc, SystemExit) and exc.code in (0, None):

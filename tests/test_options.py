@@ -100,6 +100,7 @@ def test_the_pyslurm_backend_names_an_option_it_cannot_submit() -> None:
         ({"extra": ("--Bad_Name=1",)}, "not an sbatch option name"),
         ({"extra": ("--exclude=n1",), "pooled": True}, "not for a job in a pool"),
         ({"exclusive": True, "pooled": True}, "--exclusive is not for a job in a pool"),
+        ({"dependency": "afterok:1", "pooled": True}, "--dependency is not for a job in a pool"),
     ],
 )
 def test_bad_options_get_one_clear_error(kw: dict[str, object], needle: str) -> None:

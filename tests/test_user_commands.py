@@ -188,9 +188,7 @@ def test_the_job_directory_is_found_by_comment_or_job_json(tmp_path: Path) -> No
 
 
 def _run_fnjob(job_dir: Path, fn: object, *args: object, rank: str = "0") -> int:
-    (job_dir / fnjob.PAYLOAD_FILE).write_bytes(
-        fnjob._dumps({"fn": fn, "args": args, "kwargs": {}, "sys_path": []})
-    )
+    (job_dir / fnjob.PAYLOAD_FILE).write_bytes(fnjob.payload(fn, args, {}, []))
     env = {**os.environ, "HPCORCH_JOB_DIR": str(job_dir), "RANK": rank}
     return subprocess.run([sys.executable, fnjob.__file__], env=env, check=False).returncode
 

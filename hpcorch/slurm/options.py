@@ -272,6 +272,12 @@ def make_options(
     """Validated options; an :class:`OptionError` names the first bad one."""
     if pooled and exclusive:
         raise OptionError(f"--exclusive is not for a job in a pool ({POOL_REFUSED['exclusive']})")
+    if pooled and dependency:
+        raise OptionError(
+            "--dependency is not for a job in a pool: the controller starts pool jobs "
+            "itself and would hold GPUs for a job Slurm keeps waiting (submit it when the "
+            "jobs it depends on are done)"
+        )
     if mail_user and not mail_type:
         mail_type = "END,FAIL"  # what a user giving an address means; sbatch would send none
     return SlurmOptions(
