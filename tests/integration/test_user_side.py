@@ -209,18 +209,19 @@ def test_a_standalone_job_stops_requeueing_at_its_cap(env_pool: Pool) -> None:
 
 
 def test_cancel_many_by_name(env_pool: Pool) -> None:
+    name = f"many{os.getpid()}"
     ids = [
         int(
             env_pool.hpcorch(
-                "submit", "--min-gpus", "1", "--name", "many", "--parsable",
+                "submit", "--min-gpus", "1", "--name", name, "--parsable",
                 str(ELASTIC), "--epochs", "1000",
             ).stdout.strip()
         )
         for _ in range(3)
     ]  # fmt: skip
-    listed = env_pool.hpcorch("status", "-n", "many", "-h", "-o", "%i").stdout.split()
-    assert listed == [str(i) for i in ids]
-    res = env_pool.hpcorch("cancel", "--name", "many")
+    listed = env_pool.hpcorch("status", "-n", name, "-t", "PD,R", "-h", "-o", "%i").stdout
+    assert listed.split() == [str(i) for i in ids]
+    res = env_pool.hpcorch("cancel", "--name", name)
     assert res.stdout.splitlines() == [f"cancelled job {i}" for i in ids]
     for i in ids:
         env_pool.wait_state(i, {"CANCELLED"}, timeout=30)
