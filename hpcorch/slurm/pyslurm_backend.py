@@ -9,6 +9,11 @@ not express them: a job's node count cannot be changed through ``Job.modify`` (p
 applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update``; and
 reservations are created with ``scontrol create reservation`` (once, at controller start).
 
+Submission maps each ``#SBATCH`` line of hpcorch's batch script (the user's options
+included, hpcorch/slurm/options.py) to a ``JobSubmitDescription`` attribute; an option
+with no mapping is one error naming it, never dropped. Unlike sbatch, pyslurm reads no
+``SBATCH_*`` variable: hpcorch takes the ones it uses as defaults before rendering.
+
 The ``*_from_pyslurm`` and ``submit_options`` functions are pure mappings from pyslurm
 objects (read through their documented attributes) to hpcorch's types.
 """
