@@ -25,6 +25,7 @@ from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
+from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
 
@@ -178,6 +179,8 @@ class Controller:
             predictable=0 if t.get("progress") == "no" else 1,
             stop_grace_s=float(_int(t, "grace", 0)),
             min_cpus=max(1, _int(t, "mincpus", 1)),
+            time_budget_s=float(_int(t, "budget", 0)),
+            max_relaunches=_int(t, "relaunches", DEFAULT_MAX_RELAUNCHES),
         )
         if phase == "starting" and not rec.target_gpus:
             rec.target_gpus = rec.min_gpus
@@ -194,6 +197,7 @@ class Controller:
             for rec in records:
                 if rec.phase in ("running", "stopping"):
                     rec.gpu_seconds += rec.gpus * dt
+                    rec.run_total_s += dt
         self.last_time = now
 
     def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:

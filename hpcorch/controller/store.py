@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -38,13 +38,20 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
         ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
         ("samples", "data_wait REAL"),
-    )
+    ),
+    3: (
+        ("jobs", "time_budget_s REAL NOT NULL DEFAULT 0"),
+        ("jobs", "max_relaunches INTEGER NOT NULL DEFAULT -1"),
+        ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
+    ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost")
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout")
+"""timeout: the job checkpointed, but its time budget or its cap on relaunches is spent."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -169,6 +176,17 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    time_budget_s: float = 0.0
+    """Run time the job may use across all its launches (0: no budget)."""
+    max_relaunches: int = -1
+    """Relaunches allowed after the job checkpointed on its own (time limit; -1: no cap)."""
+    time_relaunches: int = 0
+    """Relaunches so far after the job checkpointed on its own."""
+    run_total_s: float = 0.0
+    """Run time across all launches so far (running or stopping)."""
+
+    def budget_spent(self) -> bool:
+        return 0 < self.time_budget_s <= self.run_total_s
 
     @property
     def movable(self) -> bool:
