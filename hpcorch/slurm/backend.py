@@ -17,6 +17,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
 
@@ -242,19 +243,9 @@ class SlurmCLI:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """n[1-3],gpu-[01-02] -> n1 n2 n3 gpu-01 gpu-02 (the forms Slurm prints)."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodelist):
-        m = re.fullmatch(r"(.*)\[(.*)\]", part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, ranges = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{i:0{len(lo)}d}")
-    return out
+    """``gpu-a[001-002],rack[1-2]-n01`` -> every node name (``hpcorch.hostlist.expand``);
+    raises ``HostlistError`` (a ValueError) for a list Slurm would not print."""
+    return hostlist.expand(nodelist)
 
 
 def _first_error_line(stderr: str) -> str:

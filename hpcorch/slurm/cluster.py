@@ -90,7 +90,10 @@ class SlurmCluster:
             tags = parse_comment(j.comment)
             if tags is None or j.reservation != self.reservation:
                 continue
-            names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            try:
+                names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            except ValueError:  # a node list Slurm should never print: not this job's fault
+                names = ()
             observed.append(
                 ObservedJob(
                     slurm_id=j.job_id,
