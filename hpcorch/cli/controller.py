@@ -18,6 +18,8 @@ from typing import Any
 import click
 import numpy as np
 
+from hpcorch import logsetup
+from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
@@ -72,7 +74,13 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
 @click.option("--users", help="Users of a new reservation [default: you].")
 @click.option("--partition", help="Partition of a new reservation.")
-@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="ones", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(sorted(POLICIES)),
+    default="ones",
+    show_default=True,
+    help="Scheduling policy.",
+)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -88,7 +96,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
-@click.option("--restart-cost", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option(
+    "--restart-cost",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a resize is assumed to cost a job (what the policy weighs).",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=1),
@@ -96,7 +110,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
-@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--max-retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Relaunches of a failed job (from its last checkpoint) before it is failed.",
+)
 @click.option(
     "--min-run",
     type=click.FloatRange(min=0),
@@ -104,9 +124,24 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the policy.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @state_dir_option
+@click.option(
+    "--log-level",
+    type=click.Choice(logsetup.LEVELS),
+    default="info",
+    show_default=True,
+    help="Least severe log lines written.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logsetup.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line (for Loki, Elasticsearch).",
+)
+@config_option("HPCORCH_CONTROLLER_CONFIG")
 def controller(
     reservation: str,
     nodes: str | None,
@@ -122,8 +157,11 @@ def controller(
     seed: int,
     once: bool,
     state_dir: str | None,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run the controller: hold the pool, schedule its jobs, until SIGTERM."""
+    log = logsetup.configure("hpcorch-controller", log_level, log_format)
     directory = controller_dir(state_dir)
     with _lock(directory):
         try:
@@ -139,10 +177,13 @@ def controller(
             raise click.ClickException(str(exc)) from exc
         store.set_meta("reservation", reservation)
         pool = cluster.reservation_nodes()
-        click.echo(
-            f"hpcorch-controller: {done} reservation '{reservation}' ({len(pool)} nodes); "
-            f"policy {policy}; state in {directory}",
-            err=True,
+        log.info(
+            "%s reservation '%s' (%d nodes); policy %s; state in %s",
+            done,
+            reservation,
+            len(pool),
+            policy,
+            directory,
         )
         config = LoopConfig(
             interval_s=interval,
@@ -154,7 +195,7 @@ def controller(
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: Any) -> None:
-            click.echo(f"hpcorch-controller: {signal.Signals(signum).name}: stopping", err=True)
+            log.info("%s: stopping", signal.Signals(signum).name)
             stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
