@@ -10,8 +10,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ import numpy as np
 from hpcorch import logsetup
 from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
-from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError, SlurmCommandError
@@ -316,40 +314,32 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 
 @click.command()
-@click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
-@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option(
+    "--listen", type=click.IntRange(min=1, max=65535), help="Serve them on this port instead."
+)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address to serve them on.")
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
-    """Prometheus metrics: print once, or serve them with --listen PORT."""
+    """Prometheus metrics: print once, or serve them with --listen PORT (needs
+    prometheus-client: pip install 'hpcorch[prometheus]')."""
+    from hpcorch.controller import prom
+
     path = controller_dir(state_dir) / STATE_DB
-    if listen is None:
-        store = _open_store(state_dir)
-        click.echo(render_metrics(store), nl=False)
-        return
-    _open_store(state_dir).close()  # fail now, clearly, if there is no state
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            store = Store(path, readonly=True)
-            try:
-                body = render_metrics(store).encode()
-            finally:
-                store.close()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, listen), Handler)
-    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.server_close()
+        if listen is None:
+            click.echo(prom.render_metrics(_open_store(state_dir)), nl=False)
+            return
+        _open_store(state_dir).close()  # fail now, clearly, if there is no state
+        reg = prom.registry(lambda: Store(path, readonly=True))
+        server, thread = prom.client().start_http_server(listen, address, registry=reg)
+    except HpcorchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {address}:{listen}: {exc.strerror}") from exc
+    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with suppress(KeyboardInterrupt):
+        stop.wait()
+    server.shutdown()
+    thread.join(5)
