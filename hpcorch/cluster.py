@@ -72,6 +72,8 @@ class Observation:
     time: float
     nodes: tuple[PoolNode, ...]
     jobs: tuple[ObservedJob, ...]
+    pool_ends_at: float = 0.0
+    """When the pool (the Slurm reservation) ends, Unix time; 0: never, or unknown."""
 
 
 @dataclass(frozen=True)

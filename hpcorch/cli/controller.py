@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import logging
 import os
 import signal
 import threading
@@ -159,7 +160,8 @@ def controller(
     log_format: str,
 ) -> None:
     """Run the controller: hold the pool, schedule its jobs, until SIGTERM."""
-    log = logsetup.configure("hpcorch-controller", log_level, log_format)
+    logsetup.configure("hpcorch-controller", log_level, log_format)
+    log = logging.getLogger("hpcorch.controller")
     directory = controller_dir(state_dir)
     with _lock(directory):
         try:

@@ -148,6 +148,7 @@ class Controller:
             for n in obs.nodes
         ]
         self.store.set_meta("pool", json.dumps(pool))
+        self.store.set_meta("reservation_end", repr(obs.pool_ends_at) if obs.pool_ends_at else "")
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------

@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
+from hpcorch.slurm.parse import (
+    SlurmJob,
+    SlurmNode,
+    SlurmReservation,
+    parse_nodes,
+    parse_reservation,
+    parse_squeue,
+)
 
-_NODES_RE = re.compile(r"\bNodes=(\S+)")
+RESERVATION_DURATION = "3650-00:00:00"
+"""How long a new reservation lasts: ten years, renewed by the controller long before it
+ends. Slurm 22.05 turns Duration=infinite into 365 days, and refuses 100 years."""
 
 
 class SlurmBackend(Protocol):
@@ -41,6 +50,10 @@ class SlurmBackend(Protocol):
     def reservation_nodes(self, name: str) -> list[str]:
         """The nodes of reservation ``name`` ([] if it has none); an error naming
         "not found" if there is no such reservation."""
+        ...
+
+    def reservation(self, name: str) -> SlurmReservation:
+        """Reservation ``name``; an error naming "not found" if there is none."""
         ...
 
     # actions
@@ -70,7 +83,12 @@ class SlurmBackend(Protocol):
     def create_reservation(
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
-        """An open-ended reservation of ``nodes`` for ``users`` that ignores running jobs."""
+        """A reservation of ``nodes`` for ``users`` that ignores running jobs and lasts
+        ``RESERVATION_DURATION`` (the controller extends it before it ends)."""
+        ...
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        """Move the end of reservation ``name`` to ``end_time`` (Unix time)."""
         ...
 
 
@@ -157,12 +175,17 @@ class SlurmCLI:
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
 
+    def reservation(self, name: str) -> SlurmReservation:
+        out = self.scontrol("-o", "show", "reservation", name)
+        for line in out.splitlines():
+            found = parse_reservation(line)
+            if found is not None and found.name == name:
+                return found
+        raise SlurmCommandError(f"scontrol failed: reservation {name} not found")
+
     def reservation_nodes(self, name: str) -> list[str]:
-        out = self.scontrol("show", "reservation", name)
-        m = _NODES_RE.search(out)
-        if not m or m.group(1) == "(null)":
-            return []
-        return self.scontrol("show", "hostnames", m.group(1)).split()
+        nodes = self.reservation(name).nodes
+        return expand_nodelist(nodes) if nodes else []
 
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
@@ -230,12 +253,16 @@ class SlurmCLI:
             f"Nodes={nodes}",
             f"Users={users}",
             "StartTime=now",
-            "Duration=infinite",
+            f"Duration={RESERVATION_DURATION}",
             "Flags=IGNORE_JOBS",
         ]
         if partition:
             args.append(f"PartitionName={partition}")
         self.scontrol(*args)
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end_time))
+        self.scontrol("update", f"ReservationName={name}", f"EndTime={end}")
 
     def scontrol(self, *args: str) -> str:
         """Any scontrol command (arguments as a list, never through a shell)."""

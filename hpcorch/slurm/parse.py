@@ -11,6 +11,7 @@ all of them; ``tests/fixtures/`` holds one document per version.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,3 +203,42 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
 def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
     """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
     return [_node(n) for n in doc.get("nodes") or [] if isinstance(n, Mapping)]
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    """One reservation as ``scontrol -o show reservation`` prints it."""
+
+    name: str
+    nodes: str
+    """Slurm's hostlist (empty if the reservation has no nodes)."""
+    end_time: float
+    """Unix time it ends (0: unknown)."""
+    flags: tuple[str, ...]
+    users: str
+
+
+def slurm_time(text: str) -> float:
+    """Unix time of Slurm's local ``YYYY-MM-DDTHH:MM:SS`` (0 for Unknown, None, ...)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return 0.0
+
+
+def parse_reservation(line: str) -> SlurmReservation | None:
+    """A reservation from one line of ``scontrol -o show reservation`` (None if the line
+    names none)."""
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    name = fields.get("ReservationName")
+    if not name:
+        return None
+    nodes = fields.get("Nodes", "")
+    flags = fields.get("Flags", "")
+    return SlurmReservation(
+        name=name,
+        nodes="" if nodes == "(null)" else nodes,
+        end_time=slurm_time(fields.get("EndTime", "")),
+        flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
+        users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
+    )
