@@ -79,3 +79,13 @@ def test_controller_cycles_run_without_the_heavy_packages() -> None:
     res = _run(code)
     assert res.returncode == 0, res.stdout[-3000:]
     assert " passed" in res.stdout
+
+
+def test_every_module_directory_is_a_package_that_installs() -> None:
+    """``packages = find:`` ships only directories with an ``__init__.py``: a module in
+    any other directory works in the editable checkout and is missing once installed."""
+    with_modules = {p.parent for p in (REPO / "hpcorch").rglob("*.py")}
+    missing = sorted(
+        str(d.relative_to(REPO)) for d in with_modules if not (d / "__init__.py").exists()
+    )
+    assert missing == []
