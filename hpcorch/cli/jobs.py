@@ -7,6 +7,7 @@ import json
 import shlex
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +278,16 @@ def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
     if pool_nodes:
         nodes = [n for n in nodes if n.name in pool_nodes]
     pool = pool_rows(nodes, None if pool_nodes else default)
+    from hpcorch.controller.usage import read_usage, render_usage
+
+    usage = read_usage(controller_dir(state_dir) / STATE_DB)  # GPU time by user
     if as_json:
-        return json.dumps(status_document(pool, rows), indent=2)
-    return render_status(pool, rows)
+        doc = status_document(pool, rows)
+        if usage is not None:
+            doc["usage"] = [asdict(u) for u in usage]
+        return json.dumps(doc, indent=2)
+    text = render_status(pool, rows)
+    return text + "\n\n" + render_usage(usage) if usage is not None else text
 
 
 @click.command()

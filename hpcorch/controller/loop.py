@@ -342,6 +342,7 @@ class Controller:
             self.config.round_s,
             self.config.restart_cost_s,
             requests,
+            obs.fair_shares,
         )
         t0 = time.perf_counter()
         try:

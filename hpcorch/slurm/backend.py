@@ -26,6 +26,7 @@ from hpcorch.slurm.parse import (
     parse_nodes,
     parse_reservation,
     parse_squeue,
+    parse_sshare,
 )
 
 RESERVATION_DURATION = "3650-00:00:00"
@@ -54,6 +55,10 @@ class SlurmBackend(Protocol):
 
     def reservation(self, name: str) -> SlurmReservation:
         """Reservation ``name``; an error naming "not found" if there is none."""
+        ...
+
+    def fair_shares(self) -> dict[str, float]:
+        """User -> Slurm's FairShare factor (0..1); empty without accounting."""
         ...
 
     # actions
@@ -182,6 +187,9 @@ class SlurmCLI:
             if found is not None and found.name == name:
                 return found
         raise SlurmCommandError(f"scontrol failed: reservation {name} not found")
+
+    def fair_shares(self) -> dict[str, float]:
+        return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))
 
     def reservation_nodes(self, name: str) -> list[str]:
         nodes = self.reservation(name).nodes

@@ -55,6 +55,8 @@ class SlurmCluster:
         self.pool_ends_at = 0.0
         """When the reservation ends (Unix time; 0: never or unknown)."""
         self._warned_at = -1e18
+        self.fair_shares: dict[str, float] = {}
+        """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
 
     @property
     def calls(self) -> int:
@@ -77,6 +79,12 @@ class SlurmCluster:
             self._pool_read_at = time.monotonic()
             self.pool_ends_at = res.end_time
             self._keep_open(time.time())
+            try:
+                self.fair_shares = self.backend.fair_shares()
+            except HpcorchError as exc:  # sshare missing or refused: every user counts the same
+                if self.fair_shares:
+                    logger.warning("cannot read Slurm's fair shares (%s): equal shares", exc)
+                self.fair_shares = {}
         return self._pool_nodes
 
     def _keep_open(self, now: float) -> None:
@@ -168,7 +176,11 @@ class SlurmCluster:
                 )
             )
         return Observation(
-            time=time.time(), nodes=nodes, jobs=tuple(observed), pool_ends_at=self.pool_ends_at
+            time=time.time(),
+            nodes=nodes,
+            jobs=tuple(observed),
+            pool_ends_at=self.pool_ends_at,
+            fair_shares=dict(self.fair_shares),
         )
 
     # --- actions ------------------------------------------------------------------------

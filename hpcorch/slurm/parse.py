@@ -218,6 +218,21 @@ class SlurmReservation:
     users: str
 
 
+def parse_sshare(text: str) -> dict[str, float]:
+    """User -> FairShare factor from ``sshare -a -n -P -o User,FairShare`` (the largest
+    of a user's associations; account lines, with no user, are skipped)."""
+    shares: dict[str, float] = {}
+    for line in text.splitlines():
+        user, _, value = line.strip().partition("|")
+        try:
+            factor = float(value)
+        except ValueError:
+            continue
+        if user and 0.0 <= factor <= 1.0:
+            shares[user] = max(shares.get(user, 0.0), factor)
+    return shares
+
+
 def slurm_time(text: str) -> float:
     """Unix time of Slurm's local ``YYYY-MM-DDTHH:MM:SS`` (0 for Unknown, None, ...)."""
     try:

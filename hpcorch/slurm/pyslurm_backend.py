@@ -346,5 +346,8 @@ class PySlurmBackend:
     ) -> None:
         self.cli.create_reservation(name, nodes, users, partition)
 
+    def fair_shares(self) -> dict[str, float]:
+        return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
     def extend_reservation(self, name: str, end_time: float) -> None:
         self.cli.extend_reservation(name, end_time)
