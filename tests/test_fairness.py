@@ -34,6 +34,7 @@ def test_weights_split_each_users_share_over_their_jobs() -> None:
 def test_parse_sshare() -> None:
     text = "|1.000000\nalice|0.500000\nalice|0.750000\nbob|0.000000\ncarol|inf\n|x\n"
     assert parse_sshare(text) == {"alice": 0.75, "bob": 0.0}
+    assert parse_sshare("|\nroot|0.000000\nalice|0.000000\n") == {}  # priority/basic
 
 
 def _view(key: str, submit: float, weight: float, predictable: bool = True) -> JobView:

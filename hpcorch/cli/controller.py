@@ -221,9 +221,13 @@ def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
     store = _open_store(state_dir)
     rec = store.job(job_id)
+    slurm = _slurm_view(job_id)
     if rec is None:
-        raise click.ClickException(f"job {job_id} is not known to the controller")
+        seen = f" (Slurm: {slurm})" if slurm else ""
+        raise click.ClickException(f"job {job_id} is not known to the controller{seen}")
     click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
+    if slurm:
+        click.echo(f"  Slurm: {slurm}")
     click.echo(
         f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
         f"{rec.global_batch or rec.batch} = {rec.micro_batch or '?'} x {rec.accum_steps} x "
@@ -274,6 +278,31 @@ def describe(job_id: int, state_dir: str | None) -> None:
         if by_gpus
         else "  no reports yet"
     )
+
+
+def _slurm_view(job_id: int) -> str:
+    """What Slurm says of the job (squeue, else sacct); "" if it cannot be asked."""
+    from hpcorch.slurm.history import with_history
+
+    try:
+        backend = make_backend()
+        jobs = with_history([j for j in backend.jobs() if j.job_id == job_id], [job_id], backend)
+    except HpcorchError:
+        return ""
+    if not jobs:
+        return ""
+    j = jobs[0]
+    parts = [j.state, f"user {j.user}", f"partition {j.partition or '-'}"]
+    for label, value in (("account", getattr(j, "account", "")), ("qos", getattr(j, "qos", ""))):
+        if value:
+            parts.append(f"{label} {value}")
+    if j.nodes:
+        parts.append(f"nodes {j.nodes}")
+    if j.reservation:
+        parts.append(f"reservation {j.reservation}")
+    if j.state not in ("PENDING", "RUNNING"):
+        parts.append(f"exit code {j.exit_code}")
+    return ", ".join(parts)
 
 
 def _clock(t: float) -> str:

@@ -273,6 +273,10 @@ def _status_text(as_json: bool, me: bool, state_dir: str | None) -> str:
         _, default = backend.partitions()
     except HpcorchError as exc:
         raise _fail(exc) from exc
+    from hpcorch.slurm.history import controller_job_ids, with_history
+
+    # the controller's jobs squeue has forgotten, from sacct
+    jobs = with_history(jobs, controller_job_ids(controller_dir(state_dir) / STATE_DB), backend)
     managed, pool_nodes = _managed(state_dir)
     rows = job_rows(jobs, int(time.time()), getpass.getuser() if me else None, managed)
     if pool_nodes:

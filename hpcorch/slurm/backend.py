@@ -20,11 +20,13 @@ from typing import Any, Protocol
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.parse import (
+    SACCT_FIELDS,
     SlurmJob,
     SlurmNode,
     SlurmReservation,
     parse_nodes,
     parse_reservation,
+    parse_sacct,
     parse_squeue,
     parse_sshare,
 )
@@ -59,6 +61,11 @@ class SlurmBackend(Protocol):
 
     def fair_shares(self) -> dict[str, float]:
         """User -> Slurm's FairShare factor (0..1); empty without accounting."""
+        ...
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        """Jobs from Slurm's accounting (sacct), for ids squeue no longer lists; [] when
+        accounting is not enabled."""
         ...
 
     # actions
@@ -187,6 +194,18 @@ class SlurmCLI:
             if found is not None and found.name == name:
                 return found
         raise SlurmCommandError(f"scontrol failed: reservation {name} not found")
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        if not job_ids:
+            return []
+        ids = ",".join(str(int(i)) for i in sorted(set(job_ids)))
+        try:
+            out = self.run(["sacct", "-X", "-P", "-n", "-j", ids, "-o", SACCT_FIELDS])
+        except SlurmCommandError as exc:
+            if "accounting" in str(exc).lower() and "disabled" in str(exc).lower():
+                return []  # no slurmdbd: squeue is all there is
+            raise
+        return parse_sacct(out)
 
     def fair_shares(self) -> dict[str, float]:
         return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))

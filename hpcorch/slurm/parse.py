@@ -220,7 +220,8 @@ class SlurmReservation:
 
 def parse_sshare(text: str) -> dict[str, float]:
     """User -> FairShare factor from ``sshare -a -n -P -o User,FairShare`` (the largest
-    of a user's associations; account lines, with no user, are skipped)."""
+    of a user's associations; account lines, with no user, are skipped). Empty when
+    every factor is 0: Slurm's priority/basic computes none."""
     shares: dict[str, float] = {}
     for line in text.splitlines():
         user, _, value = line.strip().partition("|")
@@ -230,6 +231,8 @@ def parse_sshare(text: str) -> dict[str, float]:
             continue
         if user and 0.0 <= factor <= 1.0:
             shares[user] = max(shares.get(user, 0.0), factor)
+    if not any(shares.values()):
+        return {}  # priority/basic computes no fair share: every factor reads 0
     return shares
 
 
@@ -257,3 +260,49 @@ def parse_reservation(line: str) -> SlurmReservation | None:
         flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
         users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
     )
+
+
+SACCT_FIELDS = (
+    "JobID,JobName,User,State,Partition,Reservation,NodeList,NNodes,AllocTRES,Submit,Start,End,"
+    "TimelimitRaw,ExitCode,WorkDir,Comment"
+)
+"""``sacct -o`` fields ``parse_sacct`` reads (the comment last: it may hold anything)."""
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """Jobs from ``sacct -X -P -n -o SACCT_FIELDS`` (jobs squeue no longer lists)."""
+    jobs: list[SlurmJob] = []
+    width = SACCT_FIELDS.count(",")
+    for line in text.splitlines():
+        cols = line.split("|", width)
+        if len(cols) != width + 1 or not cols[0].isdigit():
+            continue  # array or het job ids (123_4, 123+0) are not hpcorch's
+        (jid, name, user, state, part, resv, nodes, nnodes, tres, sub, start, end) = cols[:12]
+        limit, exit_code, work_dir, comment = cols[12:]
+        code, _, sig = exit_code.partition(":")
+        count = _num(nnodes, 0)
+        gpus = sum(int(m) for m in re.findall(r"gres/gpu(?::[^=,]+)?=(\d+)", tres))
+        jobs.append(
+            SlurmJob(
+                job_id=int(jid),
+                name=name,
+                user=user,
+                state=(state.split() or ["UNKNOWN"])[0],
+                reason="None",
+                partition=part,
+                nodes="" if nodes in ("None assigned", "(null)") else nodes,
+                node_count=count,
+                gpus_per_node=gpus // count if count else 0,
+                comment=comment,
+                submit_time=int(slurm_time(sub)),
+                start_time=int(slurm_time(start)),
+                end_time=int(slurm_time(end)),
+                time_limit_min=_num(limit, 0),
+                restarts=0,
+                exit_code=128 + _num(sig, 0) if _num(sig, 0) else _num(code, 0),
+                work_dir=work_dir,
+                reservation="" if resv in ("(null)",) else resv,
+                held=False,
+            )
+        )
+    return jobs

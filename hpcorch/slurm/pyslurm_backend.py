@@ -346,6 +346,9 @@ class PySlurmBackend:
     ) -> None:
         self.cli.create_reservation(name, nodes, users, partition)
 
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        return self.cli.accounting_jobs(job_ids)  # sacct's records, as with the CLI
+
     def fair_shares(self) -> dict[str, float]:
         return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
 
