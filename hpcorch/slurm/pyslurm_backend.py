@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpus_in
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation, gpus_in
 
 T = TypeVar("T")
 
@@ -88,6 +88,15 @@ _LIST_ATTRS = {
     "licenses",
     "mail_types",
 }
+
+
+def _names(value: Any) -> list[str]:
+    """A list attribute that pyslurm may give as a list or as a comma-separated string."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [v for v in value.split(",") if v]
+    return [str(v) for v in value]
 
 
 def gpus_in_gres(value: Any) -> int:
@@ -303,6 +312,19 @@ class PySlurmBackend:
             raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
         return found[name]
 
+    def reservation(self, name: str) -> SlurmReservation:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        for r in self._values(coll):
+            if _str(r.name) == name:
+                return SlurmReservation(
+                    name=name,
+                    nodes=_str(r.nodes) if r.nodes else "",
+                    end_time=float(getattr(r, "end_time", 0) or 0),
+                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                    users=",".join(_names(getattr(r, "users", None))),
+                )
+        raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
         desc = self.pyslurm.JobSubmitDescription(**submit_options(script, args))
@@ -355,3 +377,12 @@ class PySlurmBackend:
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
         self.cli.create_reservation(name, nodes, users, partition)
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        return self.cli.accounting_jobs(job_ids)  # sacct's records, as with the CLI
+
+    def fair_shares(self) -> dict[str, float]:
+        return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        self.cli.extend_reservation(name, end_time)
