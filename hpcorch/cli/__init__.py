@@ -14,8 +14,9 @@ from hpcorch.errors import HpcorchError
 
 COMMANDS = {
     "submit": "hpcorch.cli.jobs:submit",
-    "status": "hpcorch.cli.jobs:status",
-    "cancel": "hpcorch.cli.jobs:cancel",
+    "status": "hpcorch.cli.status:status",
+    "cancel": "hpcorch.cli.status:cancel",
+    "logs": "hpcorch.cli.logs:logs",
     "controller": "hpcorch.cli.controller:controller",
     "describe": "hpcorch.cli.controller:describe",
     "resize": "hpcorch.cli.controller:resize",

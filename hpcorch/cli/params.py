@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hpcorch.slurm.script import parse_time_limit
+from hpcorch.timefmt import DurationError
+from hpcorch.timefmt import parse_duration as _parse_duration
 
 if TYPE_CHECKING:  # click >= 8.2 types ParamType by its value; 8.1 cannot subscript it
     _IntParam = click.ParamType[int]
@@ -154,8 +155,8 @@ class JobIdType(Integer):
 
 
 def parse_duration(text: str) -> int | None:
-    """Slurm's time formats -> seconds, None for UNLIMITED (hpcorch.slurm.script)."""
-    return parse_time_limit(text)
+    """Slurm's time formats -> seconds, None for UNLIMITED (hpcorch.timefmt); ValueError."""
+    return _parse_duration(text)
 
 
 class Duration(_StrParam):
@@ -183,9 +184,10 @@ class Duration(_StrParam):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         text = str(value).strip()
+        what = param.opts[0] if isinstance(param, click.Option) and param.opts else "time limit"
         try:
-            seconds = parse_duration(text)
-        except ValueError as exc:
+            seconds = _parse_duration(text, what)
+        except DurationError as exc:
             self.fail(str(exc), param, ctx)
         if seconds == 0:
             self.fail(f"{_show(value)}: a time limit of 0 is no time at all", param, ctx)

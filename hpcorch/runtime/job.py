@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from hpcorch import logsetup
 from hpcorch.planner import BatchPlan, lr_scale, warmup_factor
 from hpcorch.protocol import (
     CHECKPOINT_DIR,
@@ -156,12 +157,12 @@ class ElasticJob:
     def log(self, msg: str) -> None:
         """One line on stderr from rank 0."""
         if self.is_main:
-            print(f"hpcorch: {msg}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").info("%s", msg)
 
     def fail(self, msg: str, code: int = EXIT_CONFIG) -> NoReturn:
         """One clear error line (rank 0) and exit; nothing is written."""
         if self.is_main:
-            print(f"hpcorch: error: {msg}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").error("%s", msg)
         raise SystemExit(code)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -179,7 +180,7 @@ class ElasticJob:
     def _abort(self, code: int) -> NoReturn:
         """Stop this launch without writing anything more: one line from rank 0."""
         if self.is_main and self.gate.failure is not None:
-            print(f"hpcorch: error: {self.gate.failure[1]}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").error("%s", self.gate.failure[1])
         if dist.is_initialized():
             dist.destroy_process_group()
         sys.stdout.flush()

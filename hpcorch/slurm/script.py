@@ -23,6 +23,7 @@ from hpcorch.protocol import (
     ENV_JOB_ID,
     ENV_MAX_GLOBAL_BATCH,
     ENV_MAX_PER_GPU_BATCH,
+    ENV_MAX_RELAUNCHES,
     ENV_MIN_GLOBAL_BATCH,
     ENV_MODE,
     ENV_PROGRESS_FILE,
@@ -33,11 +34,12 @@ from hpcorch.protocol import (
     ENV_STOP_COMMAND,
     ENV_STOP_GRACE,
     ENV_STOP_SIGNAL,
+    ENV_TIME_BUDGET,
     JOB_COMMENT_TAG,
 )
+from hpcorch.timefmt import DurationError, parse_duration
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2})$")
 SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@%=-]+$")
 
 
@@ -117,7 +119,14 @@ class JobSpec:
     sidecar: SidecarSpec | None = None
     min_cpus_per_gpu: int = 0
     """The fewest CPUs per GPU the controller may give the job (0: one)."""
-    """Set: the script does not use the runtime; the wrapper runs it under the sidecar."""
+    slurm_options: tuple[str, ...] = ()
+    """The user's further sbatch options (``--account=a``, ...), validated by
+    hpcorch/slurm/options.py."""
+    time_budget_s: int = 0
+    """Run time the job may use across all its launches (0: no budget)."""
+    max_relaunches: int = -1
+    """Relaunches after the job checkpointed on its own, e.g. at its time limit (-1: no
+    cap)."""
 
     @property
     def gpus(self) -> int:
@@ -134,6 +143,10 @@ class JobSpec:
             parts.append(f"micro={self.max_per_gpu_batch}")
         if self.min_cpus_per_gpu:
             parts.append(f"mincpus={self.min_cpus_per_gpu}")
+        if self.time_budget_s:
+            parts.append(f"budget={self.time_budget_s}")
+        if self.max_relaunches >= 0:
+            parts.append(f"relaunches={self.max_relaunches}")
         if self.sidecar is not None:
             parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
             if not self.sidecar.resumable:
@@ -158,7 +171,7 @@ def parse_comment(comment: str) -> dict[str, str] | None:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise SpecError(
             f"invalid job name {name!r}: use 1-64 letters, digits and _ . + - "
             "(starting with a letter or digit)"
@@ -167,55 +180,16 @@ def check_name(name: str) -> str:
 
 
 def check_time(limit: str) -> str:
+    """A Slurm time limit (``UNLIMITED`` included), as sbatch reads it."""
     try:
-        parse_time_limit(limit)
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
-    return limit
-
-
-MAX_TIME_LIMIT_S = 365 * 86400
-
-
-def parse_time_limit(text: str) -> int | None:
-    """Slurm's time formats -> seconds (None for UNLIMITED / INFINITE).
-
-    minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
-    days-hours:minutes:seconds; minutes and seconds below 60 after an hour or minute
-    field, hours below 24 after a day field; at most a year. ValueError names the problem."""
-    raw = text.strip()
-    if raw.upper() in ("UNLIMITED", "INFINITE"):
-        return None
-    bad = f"invalid time limit {raw[:40]!r}"
-    if not raw.isascii() or not re.fullmatch(r"[0-9]{1,9}(-[0-9]{1,2})?(:[0-9]{1,9}){0,2}", raw):
-        raise ValueError(
-            f"{bad}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS or UNLIMITED"
-        )
-    days_s, sep, rest = raw.rpartition("-")
-    parts = [int(p) for p in rest.split(":")]
-    if sep:
-        h, m, s = [*parts, 0, 0][:3]
-        if h > 23 or m > 59 or s > 59:
-            raise ValueError(f"{bad}: hours must be below 24, minutes and seconds below 60")
-        total = ((int(days_s) * 24 + h) * 60 + m) * 60 + s
-    elif len(parts) == 1:
-        total = parts[0] * 60
-    elif len(parts) == 2:
-        if parts[1] > 59:
-            raise ValueError(f"{bad}: seconds must be below 60")
-        total = parts[0] * 60 + parts[1]
-    else:
-        h, m, s = parts
-        if m > 59 or s > 59:
-            raise ValueError(f"{bad}: minutes and seconds must be below 60")
-        total = (h * 60 + m) * 60 + s
-    if total > MAX_TIME_LIMIT_S:
-        raise ValueError(f"{bad}: longer than a year")
-    return total
+        seconds = parse_duration(limit)
+    except DurationError as exc:
+        raise SpecError(str(exc)) from exc
+    return limit.strip() if seconds is not None else "UNLIMITED"
 
 
 def check_sbatch_path(path: str, what: str) -> str:
-    if not SAFE_PATH_RE.match(path):
+    if not SAFE_PATH_RE.fullmatch(path):
         raise SpecError(
             f"{what} {path!r} contains characters that cannot appear in an #SBATCH line "
             "(use letters, digits and _ . / + @ % = -)"
@@ -246,6 +220,10 @@ def render_batch_script(spec: JobSpec) -> str:
         sb.append(f"--reservation={check_sbatch_path(spec.reservation, 'reservation')}")
     if spec.time_limit:
         sb.append(f"--time={check_time(spec.time_limit)}")
+    for opt in spec.slurm_options:
+        if not opt.startswith("--") or "\n" in opt or " " in opt:
+            raise SpecError(f"sbatch option {opt!r} cannot stand in an #SBATCH line")
+        sb.append(opt)
     if spec.managed:
         sb.append("--hold")
     sb += [
@@ -269,6 +247,10 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append((ENV_MAX_PER_GPU_BATCH, str(spec.max_per_gpu_batch)))
     if spec.python:
         env.append(("HPCORCH_PYTHON", spec.python))
+    if spec.time_budget_s:
+        env.append((ENV_TIME_BUDGET, str(spec.time_budget_s)))
+    if spec.max_relaunches >= 0:
+        env.append((ENV_MAX_RELAUNCHES, str(spec.max_relaunches)))
     if spec.managed:
         env.append(("HPCORCH_CONTROLLED", "1"))
     if spec.sidecar is not None:

@@ -31,7 +31,7 @@ ARGS = ["--epochs", "1", "--samples", "768", "--global-batch", "48", "--max-micr
 
 def error_lines(stderr: str) -> list[str]:
     assert "Traceback" not in stderr, stderr
-    return [ln for ln in stderr.splitlines() if ln.startswith("hpcorch: error:")]
+    return [ln for ln in stderr.splitlines() if "hpcorch: error: " in ln]
 
 
 # --- the fence, alone -----------------------------------------------------------------
