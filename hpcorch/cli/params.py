@@ -326,7 +326,7 @@ class NameList(_StrParam):
         self.item = re.compile(
             r"[A-Za-z0-9_][A-Za-z0-9_.-]*(\[[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*\][A-Za-z0-9_.-]*)?"
             if hostlist
-            else r"[A-Za-z0-9_][A-Za-z0-9_.-]*"
+            else r"@?[A-Za-z0-9_][A-Za-z0-9_.-]*"  # @name: a group
         )
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
