@@ -313,6 +313,27 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
 
 
+def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
+    tmp_path: Path,
+) -> None:
+    """Slurm requeues a job being stopped for a resize (its node died): it is restarted
+    without the node list that names the dead node, not left pending for good."""
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None
+    rec.phase = "stopping"
+    ctl.store.put_job(rec)
+    c.down.add("n1")
+    c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
+    ctl.cycle()
+    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
+    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+
+
 def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:
     c = FakeCluster()
     c.add(1, 2, 2)

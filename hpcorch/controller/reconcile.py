@@ -217,7 +217,8 @@ def _pending(
         elif rec.phase == "running":
             _set_phase(rec, "queued", now, "held by its user or an admin")
         return
-    if rec.phase == "running":
+    # requeued by Slurm (a node failure), also while it was being stopped for a resize
+    if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
         _set_phase(rec, "starting", now, f"requeued by Slurm (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
         # its node list may name the failed node: let Slurm place it anywhere in the pool

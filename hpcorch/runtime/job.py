@@ -24,8 +24,8 @@ from hpcorch.protocol import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     ENV_CPUS_PER_GPU,
+    ENV_LAUNCH,
     EXIT_CONFIG,
-    EXIT_FAILED,
     EXIT_RELAUNCH,
     HEARTBEAT_FILE,
     METRICS_FILE,
@@ -33,8 +33,10 @@ from hpcorch.protocol import (
 from hpcorch.runtime import checkpoint as ckpt
 from hpcorch.runtime.config import EARLY_SIGNAL, Settings
 from hpcorch.runtime.dist import DistInfo
+from hpcorch.runtime.fence import Fence, Gate
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.metrics import Heartbeat, MetricsWriter, process_age
+from hpcorch.runtime.resume import restore
 from hpcorch.runtime.sampler import ElasticSampler, StepLayout
 from hpcorch.runtime.step import Step
 
@@ -90,11 +92,23 @@ class ElasticJob:
         self._dataset_size = 0
         main = self.rank == 0
         jd = settings.job_dir
-        if main:
-            jd.mkdir(parents=True, exist_ok=True)
+        launch = os.environ.get(ENV_LAUNCH, "")
+        self.launch = int(launch) if launch.isascii() and launch.isdigit() else None
+        """This launch's generation (SLURM_RESTART_COUNT, from the wrapper)."""
+        # rank 0 writes, only while this launch owns the job directory (see fence.py)
+        fence = Fence(jd, os.environ.get("SLURM_JOB_ID") or None, self.launch)
+        self.gate = Gate(fence if main else None)
+        self._fence_checked = time.monotonic()
         self.checkpoint_dir = jd / CHECKPOINT_DIR
-        self.metrics = MetricsWriter(jd / METRICS_FILE if main else None, settings.metrics_interval)
-        self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
+        self.metrics = MetricsWriter(
+            jd / METRICS_FILE if main else None,
+            settings.metrics_interval,
+            gate=self.gate,
+            launch=self.launch,
+        )
+        self.heartbeat = Heartbeat(
+            jd / HEARTBEAT_FILE if main else None, gate=self.gate, launch=self.launch
+        )
         for sig in settings.signals:
             signal.signal(sig, self._on_signal)
         self._signalled = EARLY_SIGNAL.pop("time", None)
@@ -103,7 +117,11 @@ class ElasticJob:
                 f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "
                 f"ranks run; planning the batch for {self.world_size}"
             )
-        self._find_checkpoint()
+        restore(self)  # from the newest checkpoint that loads, if any (reads only)
+        if main:  # the first writes: a bad plan or checkpoint above left the directory as it was
+            self.gate.write(jd, lambda: jd.mkdir(parents=True, exist_ok=True))
+            self.heartbeat.beat(self.global_step, state="starting", force=True)
+        self._stop_on_failure()  # a full or read-only disk: every rank stops, one line
 
     # -- set-up -------------------------------------------------------------------------
     @property
@@ -151,43 +169,25 @@ class ElasticJob:
         if self._signalled is None:
             self._signalled = time.time()
 
-    def _find_checkpoint(self) -> None:
-        found = ckpt.find_latest(self.checkpoint_dir)
-        if found.path is None:
-            if found.torn:
-                self.log(f"ignoring incomplete checkpoint {found.torn[-1].name}; starting afresh")
-            return
-        t0 = time.perf_counter()
-        try:
-            self._resume = ckpt.load(found.path, self.settings.job_id)
-        except ckpt.CheckpointError as e:
-            self.fail(str(e))
-        self.timings["checkpoint_load_seconds"] = round(time.perf_counter() - t0, 3)
-        r = self._resume
-        try:
-            self.global_step, self.epoch, self.offset = r["global_step"], r["epoch"], r["offset"]
-            self.seed, self.base_batch = r["seed"], r["lr"]["base_batch"]
-            self.state = dict(r["user"])
-            self.noise.load_state_dict(r["gns"])
-            self.progress = r["lr"]["progress"]
-            if r["plan"]["global_batch"] == self.global_batch:
-                self._prev_factor = r["lr"]["prev_factor"]
-                self._since_change = r["lr"]["since_change"]
-            else:  # a new batch size: warm up from the factor in effect when we stopped
-                self._prev_factor = r["lr"]["factor"]
-                self._since_change = 0
-            missing = [k for k in ("model", "optimizer", "rng", "dataset_size") if k not in r]
-            if missing:
-                raise KeyError(missing[0])
-        except (KeyError, TypeError) as e:
-            self.fail(f"checkpoint {found.path} lacks the field {e}")
-        if found.torn:
-            self.log(
-                f"checkpoint {found.torn[-1].name} is incomplete (its writer was killed); "
-                f"resuming from the previous good one, {found.path.name}"
-            )
-        else:
-            self.log(f"resuming from {found.path}")
+    def _stop_on_failure(self) -> None:
+        """Collective: stop every rank when rank 0 could not write (or was superseded)."""
+        code = float(self.gate.failure[0]) if self.gate.failure else 0.0
+        flag = torch.tensor([code], dtype=torch.float64, device=self.device)
+        dist.broadcast(flag, src=0)
+        if flag.item() > 0:
+            self._abort(int(flag.item()))
+
+    def _abort(self, code: int) -> NoReturn:
+        """Stop this launch without writing anything more: one line from rank 0."""
+        if self.is_main and self.gate.failure is not None:
+            logsetup.ensure("hpcorch").error("%s", self.gate.failure[1])
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.fast_exit:
+            os._exit(code)
+        raise SystemExit(code)
 
     def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
         """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""
@@ -315,6 +315,9 @@ class ElasticJob:
     ) -> None:
         """Book-keeping after a step; the safe point where checkpoints happen."""
         local_sq, global_sq = self.noise.take()
+        if self.is_main and time.monotonic() - self._fence_checked >= 1.0:
+            self._fence_checked = time.monotonic()
+            self.gate.check()  # a newer launch took over: stop before the next write
         periodic = (
             self.is_main
             and self.settings.checkpoint_interval > 0
@@ -326,12 +329,15 @@ class ElasticJob:
                 1.0 if periodic else 0.0,
                 float(local_sq) if local_sq is not None else 0.0,
                 float(step._loss),
+                float(self.gate.failure[0]) if self.gate.failure else 0.0,
             ],
             dtype=torch.float64,
             device=self.device,
         )
         dist.all_reduce(flags)
-        stop, save, sum_local_sq, loss_sum = flags.tolist()
+        stop, save, sum_local_sq, loss_sum, failed = flags.tolist()
+        if failed > 0:  # only rank 0 writes: its exit code (storage, superseded) for all
+            self._abort(int(failed))
         if layout.full and global_sq is not None and self.world_size > 1:
             self.noise.update(
                 sum_local_sq / self.world_size,
@@ -385,6 +391,7 @@ class ElasticJob:
             dist.barrier()  # no rank leaves while another is still in a collective
         self.metrics.event("done", step=self.global_step)
         self.heartbeat.beat(self.global_step, state="done", force=True)
+        self._stop_on_failure()  # superseded or unwritten: the script writes no result
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint(self, reason: str = "request") -> None:
@@ -392,18 +399,15 @@ class ElasticJob:
         t0 = time.perf_counter()
         rngs: list[Any] = [None] * self.world_size
         dist.all_gather_object(rngs, ckpt.rng_state())
-        ok, size, path = 1.0, 0, ckpt.checkpoint_path(self.checkpoint_dir, self.global_step)
+        size, path = [0], ckpt.checkpoint_path(self.checkpoint_dir, self.global_step)
         if self.is_main:
-            try:
-                size = ckpt.save_atomic(self._payload(rngs), path)
+
+            def write() -> None:  # under the fence: a newer launch waits for it to end
+                size[0] = ckpt.save_atomic(self._payload(rngs), path)
                 ckpt.prune(self.checkpoint_dir, self.keep_checkpoints, path)
-            except OSError as e:
-                logsetup.ensure("hpcorch").error("cannot write checkpoint %s: %s", path, e)
-                ok = 0.0
-        status = torch.tensor([ok], dtype=torch.float64, device=self.device)
-        dist.broadcast(status, src=0)  # only rank 0 writes: its outcome is every rank's
-        if status.item() < 1:
-            self._exit(EXIT_FAILED)
+
+            self.gate.write(path, write)
+        self._stop_on_failure()  # only rank 0 writes: its outcome is every rank's
         self._last_ckpt = time.monotonic()
         written = time.time()
         self.metrics.event(
@@ -411,7 +415,7 @@ class ElasticJob:
             reason=reason,
             step=self.global_step,
             path=str(path),
-            bytes=size,
+            bytes=size[0],
             seconds=time.perf_counter() - t0,
             signal_time=self._signalled,
             written_time=written,

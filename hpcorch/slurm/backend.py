@@ -105,6 +105,23 @@ class SlurmBackend(Protocol):
         ...
 
 
+def check_slurm_conf(env: Mapping[str, str]) -> None:
+    """A SLURM_CONF that names no readable file: Slurm's commands would wait up to a minute
+    and then blame slurmctld; say what is wrong instead."""
+    conf = env.get("SLURM_CONF")
+    if conf is None:
+        return
+    if not conf.strip():
+        raise SlurmUnavailable("SLURM_CONF is set but empty: unset it or name slurm.conf")
+    try:
+        with open(conf, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise SlurmUnavailable(
+            f"SLURM_CONF={conf!r} cannot be read ({exc.strerror}): name this cluster's slurm.conf"
+        ) from None
+
+
 class SlurmCLI:
     """Slurm through its command-line tools (works with 22.05 through 24.x)."""
 
@@ -124,13 +141,15 @@ class SlurmCLI:
         exe = shutil.which(argv[0], path=self.env.get("PATH"))
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
+        check_slurm_conf(self.env)
         self.calls += 1
         try:
             proc = subprocess.run(
                 [exe, *argv[1:]],
                 input=stdin,
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="replace",  # a binary slurm.conf makes Slurm echo its bytes
                 timeout=self.timeout,
                 env=dict(self.env if env is None else env),
                 check=False,
