@@ -302,17 +302,20 @@ class ElasticJob:
                         f"step {self.global_step}: {step._done} of {len(layout.micro)} "
                         "micro-batches were processed; iterate the whole step"
                     )
-                t_now = time.perf_counter()
-                self._boundary(step, layout, epochs, max_steps, t_now - t_last)
+                self._boundary(step, layout, epochs, max_steps, t_last)
                 t_last = time.perf_counter()
                 if self.global_step == max_steps:
                     break
         self._finish()
 
     def _boundary(
-        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, seconds: float
+        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, t_start: float
     ) -> None:
-        """Book-keeping after a step; the safe point where checkpoints happen."""
+        """Book-keeping after a step; the safe point where checkpoints happen.
+
+        The step's time runs from ``t_start`` to the end of this boundary's all-reduce: on a
+        GPU the training loop only queues its kernels, and the all-reduce (whose result is
+        read back here) is where this rank waits for them to finish."""
         local_sq, global_sq = self.noise.take()
         periodic = (
             self.is_main
@@ -331,6 +334,7 @@ class ElasticJob:
         )
         dist.all_reduce(flags)
         stop, save, sum_local_sq, loss_sum = flags.tolist()
+        seconds = time.perf_counter() - t_start
         if layout.full and global_sq is not None and self.world_size > 1:
             self.noise.update(
                 sum_local_sq / self.world_size,
@@ -357,6 +361,7 @@ class ElasticJob:
             lr_factor=self.lr_factor,
             noise_scale=self.noise.value,
             progress=self.progress,
+            **self._memory(),
         )
         if not self._first_step_logged:
             self._first_step_logged = True
@@ -367,6 +372,15 @@ class ElasticJob:
             self._exit(EXIT_RELAUNCH)
         if save > 0 and not finished:
             self.checkpoint(reason="periodic")
+
+    def _memory(self) -> dict[str, int | None]:
+        """Peak device memory of this rank so far (bytes; None on CPUs)."""
+        if self.device.type != "cuda":
+            return {"max_memory_allocated": None, "max_memory_reserved": None}
+        return {
+            "max_memory_allocated": torch.cuda.max_memory_allocated(self.device),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(self.device),
+        }
 
     def _advance(self, layout: StepLayout) -> None:
         """Count a finished step: global step, data position, LR bookkeeping."""
