@@ -189,14 +189,16 @@ class ElasticJob:
             self.log(f"resuming from {found.path}")
 
     def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
-        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""
+        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook when
+        there are several ranks)."""
         t0 = time.perf_counter()
         module = module.to(self.device)
         if self.device.type == "cuda":
             ddp_kwargs.setdefault("device_ids", [self.device])
         self._ddp = DistributedDataParallel(module, **ddp_kwargs)
-        # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
-        self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
+        if self.world_size > 1:  # the noise scale compares two batch sizes: one rank has one
+            # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
+            self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
         self.timings["ddp_wrap_seconds"] = round(time.perf_counter() - t0, 3)
         return self._ddp
 

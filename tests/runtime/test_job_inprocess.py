@@ -165,3 +165,19 @@ def test_step_time_includes_the_wait_for_the_device(
     assert len(steps) >= 2
     assert all(x["step_time"] >= 0.2 for x in steps), [x["step_time"] for x in steps]
     assert steps[0]["max_memory_allocated"] is None  # device memory: reported on GPUs only
+
+
+def test_one_rank_has_no_noise_hook(one_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The noise scale needs two batch sizes (local and global): a single rank skips the
+    hook's norms of every gradient bucket (on a GPU they cost time at every step)."""
+    from hpcorch.runtime.gns import NoiseScale
+
+    calls = []
+    real = NoiseScale.hook
+    monkeypatch.setattr(NoiseScale, "hook", lambda self, *a: calls.append(1) or real(self, *a))
+    job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    train(job, model, opt, steps=2)
+    assert calls == [] and job.noise_scale is None
