@@ -80,11 +80,13 @@ def model_fit(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from hpcorch.model.throughput import ThroughputModel
 
     ok = [p for p in points if "step_time" in p]
-    subsets = {"first 2": ok[:2], "first 3": ok[:3]}
-    if len(ok) >= 7:
-        subsets["16, 32, 64"] = [p for p in ok if p["per_gpu_batch"] in (16, 32, 64)]
+    subsets = [ok[:2], ok[:3]]  # the first two or three measurements
+    middle = [p for p in ok if 16 <= p["per_gpu_batch"] <= 64]
+    if len(middle) >= 2 and len(ok) > len(middle) + 2:
+        subsets.append(middle)
     fits = []
-    for name, used in subsets.items():
+    for used in subsets:
+        name = ", ".join(str(p["per_gpu_batch"]) for p in used)
         model = ThroughputModel(Measured(p["per_gpu_batch"], p["step_time"]) for p in used)
         rows = []
         for p in ok:
@@ -133,24 +135,26 @@ def _by_batch(points: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 
 
 def step_table(res: dict[str, Any]) -> list[str]:
-    runs = [res[k]["points"] for k in ("sweep", "sweep_repeat") if res.get(k, {}).get("points")]
+    keys = [k for k in ("sweep", "sweep_repeat", "sweep_final") if res.get(k, {}).get("points")]
+    runs = [_by_batch(res[k]["points"]) for k in keys]
     plain = _by_batch(res.get("plain", {}).get("plain", []))
     ddp = _by_batch(res.get("plain", {}).get("ddp", []))
-    batches = sorted({b for pts in runs for b in _by_batch(pts)})
+    batches = sorted({b for r in runs for b in r})
     head = [f"runtime, run {i + 1}" for i in range(len(runs))]
     if plain:
         head += ["plain loop", "plain DDP loop", "host time of a plain step"]
-    head += ["peak memory allocated", "reserved"]
+    head += ["memory allocated"] + [f"reserved, run {i + 1}" for i in range(len(runs))]
     out = ["| per-GPU batch | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for b in batches:
-        pts = [_by_batch(r).get(b, {}) for r in runs]
+        pts = [r.get(b, {}) for r in runs]
         cells = [_ms(x.get("step_time")) if "error" not in x else x["error"] for x in pts]
         if plain:
             cells += [_ms(plain.get(b, {}).get("pipelined")), _ms(ddp.get(b, {}).get("pipelined")),
                       _ms(plain.get(b, {}).get("host"))]  # fmt: skip
-        last = next((x for x in reversed(pts) if "step_time" in x), {})
-        cells += [f"{(last.get(k) or 0) / 2**30:.1f} GiB"
-                  for k in ("max_memory_allocated", "max_memory_reserved")]  # fmt: skip
+        alloc = next((x["max_memory_allocated"] for x in pts if x.get("max_memory_allocated")), 0)
+        cells.append(f"{alloc / 2**30:.1f} GiB")
+        cells += [f"{x['max_memory_reserved'] / 2**30:.1f} GiB" if x.get("max_memory_reserved")
+                  else "-" for x in pts]  # fmt: skip
         out.append(f"| {b} | " + " | ".join(cells) + " |")
     return out
 
@@ -211,7 +215,7 @@ def report(res: dict[str, Any]) -> str:
     if res.get("sweep", {}).get("points"):
         lines += ["Step time (median after warm-up) and memory per per-GPU batch:", ""]
         lines += step_table(res)
-        for key in ("sweep", "sweep_repeat"):
+        for key in ("sweep", "sweep_repeat", "sweep_final"):
             if res.get(key, {}).get("model_fit"):
                 lines += ["", f"hpcorch/model/throughput.py against {key} (predicted, error):", ""]
                 lines += fit_table(res[key])
