@@ -190,14 +190,16 @@ class ElasticJob:
         raise SystemExit(code)
 
     def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
-        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""
+        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook when
+        there are several ranks)."""
         t0 = time.perf_counter()
         module = module.to(self.device)
         if self.device.type == "cuda":
             ddp_kwargs.setdefault("device_ids", [self.device])
         self._ddp = DistributedDataParallel(module, **ddp_kwargs)
-        # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
-        self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
+        if self.world_size > 1:  # the noise scale compares two batch sizes: one rank has one
+            # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
+            self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
         self.timings["ddp_wrap_seconds"] = round(time.perf_counter() - t0, 3)
         return self._ddp
 
@@ -303,17 +305,20 @@ class ElasticJob:
                         f"step {self.global_step}: {step._done} of {len(layout.micro)} "
                         "micro-batches were processed; iterate the whole step"
                     )
-                t_now = time.perf_counter()
-                self._boundary(step, layout, epochs, max_steps, t_now - t_last)
+                self._boundary(step, layout, epochs, max_steps, t_last)
                 t_last = time.perf_counter()
                 if self.global_step == max_steps:
                     break
         self._finish()
 
     def _boundary(
-        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, seconds: float
+        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, t_start: float
     ) -> None:
-        """Book-keeping after a step; the safe point where checkpoints happen."""
+        """Book-keeping after a step; the safe point where checkpoints happen.
+
+        The step's time runs from ``t_start`` to the end of this boundary's all-reduce: on a
+        GPU the training loop only queues its kernels, and the all-reduce (whose result is
+        read back here) is where this rank waits for them to finish."""
         local_sq, global_sq = self.noise.take()
         if self.is_main and time.monotonic() - self._fence_checked >= 1.0:
             self._fence_checked = time.monotonic()
@@ -338,6 +343,7 @@ class ElasticJob:
         stop, save, sum_local_sq, loss_sum, failed = flags.tolist()
         if failed > 0:  # only rank 0 writes: its exit code (storage, superseded) for all
             self._abort(int(failed))
+        seconds = time.perf_counter() - t_start
         if layout.full and global_sq is not None and self.world_size > 1:
             self.noise.update(
                 sum_local_sq / self.world_size,
@@ -364,6 +370,7 @@ class ElasticJob:
             lr_factor=self.lr_factor,
             noise_scale=self.noise.value,
             progress=self.progress,
+            **self._memory(),
         )
         if not self._first_step_logged:
             self._first_step_logged = True
@@ -374,6 +381,15 @@ class ElasticJob:
             self._exit(EXIT_RELAUNCH)
         if save > 0 and not finished:
             self.checkpoint(reason="periodic")
+
+    def _memory(self) -> dict[str, int | None]:
+        """Peak device memory of this rank so far (bytes; None on CPUs)."""
+        if self.device.type != "cuda":
+            return {"max_memory_allocated": None, "max_memory_reserved": None}
+        return {
+            "max_memory_allocated": torch.cuda.max_memory_allocated(self.device),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(self.device),
+        }
 
     def _advance(self, layout: StepLayout) -> None:
         """Count a finished step: global step, data position, LR bookkeeping."""

@@ -91,6 +91,7 @@ class Sidecar:
         self.stop_requested: float | None = None
         self.stop_started: float | None = None
         self.killed = False
+        self.requeue_stopped = False
         self.runtime_offset = 0
         self.progress_offset = 0
         self.last_ckpt: Checkpoint | None = None
@@ -147,9 +148,15 @@ class Sidecar:
     def _requeue_shim(self) -> None:
         """Under the controller a script's own ``scontrol requeue`` of its job (Lightning's
         convention on its checkpoint signal) becomes a relaunch request to the sidecar."""
-        real = shutil.which("scontrol")
-        if not real or not self.cfg.controlled:
+        if not self.cfg.controlled:
             return
+        real = shutil.which("scontrol", path=self.env.get("PATH"))
+        # without Slurm's own scontrol (a node without Slurm), other calls fail as bash would
+        other = (
+            f'exec {shlex.quote(real)} "$@"\n'
+            if real
+            else 'echo "scontrol: command not found" >&2\nexit 127\n'
+        )
         bindir = self.cfg.job_dir / ".bin"
         bindir.mkdir(exist_ok=True)
         shim = bindir / "scontrol"
@@ -159,8 +166,7 @@ class Sidecar:
             'if [[ ${1-} == requeue && ${2-} == "$SLURM_JOB_ID" ]]; then\n'
             f"  touch {shlex.quote(str(self.cfg.job_dir / REQUEUE_REQUEST_FILE))}\n"
             "  exit 0\n"
-            "fi\n"
-            f'exec {shlex.quote(real)} "$@"\n'
+            "fi\n" + other
         )
         shim.chmod(0o755)
         self.env["PATH"] = f"{bindir}:{self.env.get('PATH', '')}"
@@ -233,6 +239,8 @@ class Sidecar:
             now = time.time()
             if self.stop_requested is not None and self.stop_started is None:
                 self._begin_stop(proc)
+            elif self._requeue_requested():
+                self._stop_requeued(proc)
             elif self._grace_over(now):
                 self._kill(proc)
             self._poll_runtime()
@@ -370,6 +378,22 @@ class Sidecar:
         else:
             log(f"stop requested: SIG{self.cfg.stop_signal} to the script")
             self._deliver(proc, self.cfg.stop_signal)
+
+    def _requeue_requested(self) -> bool:
+        """The script asked (through the scontrol shim) to be requeued, not yet acted on."""
+        if self.managed or self.requeue_stopped:
+            return False
+        return (self.cfg.job_dir / REQUEUE_REQUEST_FILE).exists()
+
+    def _stop_requeued(self, proc: subprocess.Popen[bytes]) -> None:
+        """Do what Slurm's requeue does to a running job: SIGTERM to its tasks (then SIGKILL
+        after the grace). A Lightning script saves its checkpoint and asks for the requeue on
+        its signal, then trains on until Slurm stops it."""
+        self.requeue_stopped = True
+        if self.stop_started is None:
+            self.stop_started = time.time()
+        log("the script checkpointed and asked to be requeued: SIGTERM to stop it, as Slurm would")
+        self._deliver(proc, "TERM")
 
     def _grace_over(self, now: float) -> bool:
         started = self.stop_started
