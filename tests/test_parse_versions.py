@@ -77,6 +77,7 @@ EXPECTED_JOBS = [
         submit_time=1795298857,
         start_time=1795298857,
         end_time=1826834857,
+        gpus_by_node=(2,),
     ),
     *(
         job(
@@ -106,6 +107,7 @@ EXPECTED_NODES = [
         gpus=4,
         gpus_used=2 if i == 1 else 0,
         reason="",
+        cpus_used=1 if i == 1 else 0,
     )
     for i in range(1, 5)
 ]

@@ -66,8 +66,10 @@ def placement_of(rec: JobRecord, pool_index: Mapping[str, int]) -> dict[int, int
     names = [n for n in rec.node_list.split(",") if n]
     if not names or not rec.gpus:
         return {}
-    per = rec.gpus // len(names)
-    return {pool_index[n]: per for n in names if n in pool_index}
+    counts = [int(c) for c in rec.node_gpus.split(",") if c.isdigit()]
+    if len(counts) != len(names) or sum(counts) != rec.gpus:
+        counts = [rec.gpus // len(names)] * len(names)
+    return {pool_index[n]: c for n, c in zip(names, counts, strict=True) if n in pool_index}
 
 
 def job_view(

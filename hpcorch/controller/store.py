@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -38,7 +38,8 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
         ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
         ("samples", "data_wait REAL"),
-    )
+    ),
+    3: (("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -169,6 +170,8 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    node_gpus: str = ""
+    """GPUs on each node of ``node_list`` (same order), e.g. "4,2"; '' when not reported."""
 
     @property
     def movable(self) -> bool:
