@@ -66,6 +66,13 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Path(dir_okay=False),
             help='Sidecar: JSON-lines file the script writes, e.g. {"step": 10, "total": 900}.',
         ),
+        click.option(
+            "--live-batch",
+            is_flag=True,
+            default=None,
+            help="Sidecar: the script takes a new global batch while it runs, from the file "
+            "$HPCORCH_BATCH_FILE names (else a batch change waits for a relaunch).",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -81,9 +88,10 @@ def sidecar_spec(
     resume_cmd: str | None,
     progress_regex: str | None,
     progress_file: str | None,
+    live_batch: bool | None = None,
 ) -> SidecarSpec | None:
     """The sidecar options as given, checked; None when none was given."""
-    given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex)
+    given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex, live_batch)
     if all(v is None for v in given) and not resume_args and progress_file is None:
         return None
     try:
@@ -112,6 +120,7 @@ def sidecar_spec(
         resume_cmd=cmd,
         progress_regex=progress_regex,
         progress_file=str(Path(progress_file).resolve()) if progress_file else None,
+        live_batch=bool(live_batch),
     )
 
 
