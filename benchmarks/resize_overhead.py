@@ -11,8 +11,10 @@ what the timestamps the parts write allow:
 
   signal           controller: decision written -> scancel --signal sent
   checkpoint       runtime: to the next step boundary, all ranks agree, checkpoint written
-  exit             checkpoint written -> the controller sees the job ended (the processes
-                   exit, srun and the batch script end, Slurm completes the job, next poll)
+  exit             checkpoint written -> the controller sees the job ended: the ranks
+                   agree and rank 0 logs its exit (processes), then the processes, srun
+                   and the batch script end, Slurm completes the job, the next poll sees
+                   it (Slurm+poll)
   requeue          controller: scontrol requeuehold
   relaunch wait    until the second after the end was seen (slurmd's credential revoke)
   reshape+release  controller: scontrol update (shape), StartTime=now, release
@@ -165,7 +167,8 @@ def main() -> None:
         rows = report(store_path, a, metrics(a_dir))
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
-        many(env, hp, work, args.jobs)
+        if args.jobs > 0:
+            many(env, hp, work, args.jobs)
     finally:
         ctl.terminate()
         ctl.wait(30)
@@ -178,6 +181,8 @@ PARTS = (
     "signal",
     "checkpoint",
     "exit",
+    " (processes)",
+    " (Slurm+poll)",
     "requeue",
     "relaunch wait",
     "reshape+release",
@@ -198,6 +203,7 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> list[dict
     starts = [d for d in decisions if d.action == "start"][1:]
     ckpts = [m for m in lines if m.get("event") == "checkpoint" and m.get("reason") == "signal"]
     launch = [m for m in lines if m.get("event") == "start"][1:]
+    exits = [m for m in lines if m.get("event") == "exit"]
     first = [m for m in lines if m.get("event") == "first_step"][1:]
     rows: list[dict[str, Any]] = []
     for sig in signals:
@@ -207,6 +213,7 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> list[dict
             st = next(d for d in starts if d.time >= rq.time)
             fs = next(m for m in first if m["time"] >= st.done_at)
             ln = next(m for m in launch if m["time"] >= st.done_at)
+            ex = next(m for m in exits if m["time"] >= ck["written_time"])
         except StopIteration:
             continue
         proc_start = fs["time"] - fs["since_start"]
@@ -215,6 +222,8 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> list[dict
             "signal": sig.done_at - sig.time,
             "checkpoint": ck["written_time"] - sig.done_at,
             "exit": rq.time - ck["written_time"],
+            " (processes)": ex["time"] - ck["written_time"],
+            " (Slurm+poll)": rq.time - ex["time"],
             "requeue": rq.done_at - rq.time,
             "relaunch wait": st.time - rq.done_at,
             "reshape+release": st.done_at - st.time,

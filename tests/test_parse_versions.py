@@ -162,6 +162,10 @@ class RecordedSlurm(SlurmCLI):
 def test_cli_backend_reads_every_version(version: str) -> None:
     slurm = RecordedSlurm(version)
     assert slurm.jobs() == EXPECTED_JOBS
+    assert slurm.jobs("pool") == []  # none of them in a reservation: none parsed
+    doc = load(version, "squeue.json")
+    doc["jobs"][3]["resv_name"] = "pool"
+    assert [j.job_id for j in parse_squeue(doc, "pool")] == [4]
     assert slurm.nodes() == EXPECTED_NODES
     assert slurm.nodes() == EXPECTED_NODES
     node_calls = [a for a in slurm.argv if a[0] != "squeue"]

@@ -83,6 +83,8 @@ class Controller:
         self._history_ids: set[int] = set()
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
+        self._known: set[int] | None = None
+        """Slurm ids of the jobs in the store (read once, then kept up to date)."""
         self._plan_batch: dict[int, int] = {}
         """The global batch of the plan each running launch has (this controller's writes)."""
         for d in store.decisions(status="pending"):
@@ -154,12 +156,15 @@ class Controller:
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
-        new = [j for j in obs.jobs if self.store.job(j.slurm_id) is None]
+        if self._known is None:
+            self._known = self.store.job_ids()
+        new = [j for j in obs.jobs if j.slurm_id not in self._known]
         with self.store.transaction():
             for j in new:
                 rec = self._record(j, now)
                 self.store.put_job(rec)
                 self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
+        self._known.update(j.slurm_id for j in new)
         return bool(new)
 
     def _record(self, j: ObservedJob, now: float) -> JobRecord:

@@ -331,6 +331,10 @@ class Store:
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
         return [_job(r) for r in rows]
 
+    def job_ids(self) -> set[int]:
+        """The Slurm ids of every job the store knows."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs")}
+
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()
         return None if r is None else _job(r)

@@ -33,7 +33,10 @@ class SlurmBackend(Protocol):
         ...
 
     # queries
-    def jobs(self) -> list[SlurmJob]: ...
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job Slurm knows, or only those of ``reservation``."""
+        ...
+
     def nodes(self) -> list[SlurmNode]: ...
     def partitions(self) -> tuple[list[str], str | None]: ...
     def reservations(self) -> dict[str, list[str]]: ...
@@ -128,9 +131,10 @@ class SlurmCLI:
         return doc
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
-        """Every job slurmctld knows (22.05 ignores squeue's filters with --json anyway)."""
-        return parse_squeue(self._json(["squeue", "--json"]))
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
+        filters with --json: the others are dropped before they are parsed)."""
+        return parse_squeue(self._json(["squeue", "--json"]), reservation)
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json(self._nodes_argv)

@@ -75,7 +75,7 @@ class SlurmCluster:
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
         pool = self.reservation_nodes()
-        jobs = self.backend.jobs()
+        jobs = self.backend.jobs(self.reservation)
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
         # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)

@@ -201,9 +201,13 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
     )
 
 
-def parse_squeue(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    """Jobs from a ``squeue --json`` document (any supported version)."""
-    return [_job(j) for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:
+    """Jobs from a ``squeue --json`` document (any supported version); only those of
+    ``reservation`` when given (a site's queue holds many other jobs: they are not parsed)."""
+    jobs = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+    if reservation is not None:
+        jobs = [j for j in jobs if j.get("resv_name") == reservation]
+    return [_job(j) for j in jobs]
 
 
 def _node(raw: Mapping[str, Any]) -> SlurmNode:

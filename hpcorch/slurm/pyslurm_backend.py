@@ -269,9 +269,13 @@ class PySlurmBackend:
         return list(collection.values() if hasattr(collection, "values") else collection)
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
-        return [job_from_pyslurm(j) for j in self._values(coll)]
+        return [
+            job_from_pyslurm(j)
+            for j in self._values(coll)
+            if reservation is None or _str(j.reservation) == reservation
+        ]
 
     def nodes(self) -> list[SlurmNode]:
         coll = self._rpc("Nodes.load", lambda: self.pyslurm.Nodes.load())
