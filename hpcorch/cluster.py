@@ -60,8 +60,8 @@ class ObservedJob:
     """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
     end_time: float = 0.0
     per_node: tuple[int, ...] = ()
-    """GPUs on each of ``node_names`` (same order), when the cluster reports them; a job
-    with an uneven placement has ``gpus_per_node`` = the largest of them."""
+    """GPUs on each of ``node_names`` (same order) when the cluster reports them, e.g. an
+    uneven placement; empty: ``gpus_per_node`` on every node."""
 
     @property
     def gpus(self) -> int:

@@ -53,10 +53,11 @@ class Settings:
 
 @dataclass(frozen=True)
 class Action:
-    """One thing to ask of the cluster. ``kind``: start, hold, signal, requeue_hold, or
-    rebatch (the job's plan rewritten with a new global batch, no Slurm call)."""
+    """One thing to ask of the cluster."""
 
     kind: str
+    """start, hold, signal, requeue_hold, or rebatch (a running job's plan rewritten with
+    its own launch number: a new global batch at its next step, no restart)."""
     slurm_id: int
     shape: Shape | None = None
     reason: str = ""
@@ -78,9 +79,9 @@ def _set_phase(rec: JobRecord, phase: str, now: float, reason: str | None = None
 
 
 def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
-    """The launch shape for the record's target: exactly the planned placement (GPUs on
-    each planned node, in the plan's order, which is the rank order) whenever it is known
-    and every planned node exists; else the fewest even nodes for Slurm to choose."""
+    """The launch shape for the record's target: exactly the planned placement (its GPUs on
+    each planned node, the nodes in rank order) when it is known and every planned node
+    exists; else the fewest even nodes for Slurm to choose."""
     placement = rec.placement()
     if placement and all(0 <= i < len(pool_nodes) for i in placement):
         names = tuple(pool_nodes[i] for i in placement)
@@ -289,7 +290,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)
-        rec.node_gpus = ",".join(str(g) for g in job.per_node)
+        rec.node_gpus = ",".join(str(n) for n in job.per_node)
     if rec.phase == "stopping":
         waited = now - rec.phase_since
         grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own

@@ -63,11 +63,12 @@ def noise_stats(samples: Sequence[Sample], init_batch: int) -> tuple[float, floa
 
 
 def placement_of(rec: JobRecord, pool_index: Mapping[str, int]) -> dict[int, int]:
+    """Where the job runs, as Slurm reports it: {node index: GPUs}, in rank order."""
     names = [n for n in rec.node_list.split(",") if n]
     if not names or not rec.gpus:
         return {}
     counts = [int(c) for c in rec.node_gpus.split(",") if c.isdigit()]
-    if len(counts) != len(names) or sum(counts) != rec.gpus:
+    if len(counts) != len(names):
         counts = [rec.gpus // len(names)] * len(names)
     return {pool_index[n]: c for n, c in zip(names, counts, strict=True) if n in pool_index}
 

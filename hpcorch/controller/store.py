@@ -171,7 +171,8 @@ class JobRecord:
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
     node_gpus: str = ""
-    """GPUs on each node of ``node_list`` (same order), e.g. "4,2"; '' when not reported."""
+    """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
+    on every node."""
 
     @property
     def movable(self) -> bool:
