@@ -100,7 +100,8 @@ def start_wait(
     """Why a start must wait ('' = go now): a relaunch until the second after its last
     run was seen ending (``Settings.relaunch_delay_s``), an uneven shape until the free
     GPUs leave its split (:func:`launch_wait`)."""
-    if rec.launches and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
+    ran = rec.launches or rec.failures or rec.slurm_restarts  # a run ended before this start
+    if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
         return "relaunching once slurmd has let go of the last run"
     return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s)
 
