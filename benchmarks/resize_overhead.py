@@ -213,17 +213,17 @@ def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> list[dict
             st = next(d for d in starts if d.time >= rq.time)
             fs = next(m for m in first if m["time"] >= st.done_at)
             ln = next(m for m in launch if m["time"] >= st.done_at)
-            ex = next(m for m in exits if m["time"] >= ck["written_time"])
         except StopIteration:
             continue
+        ex = next((m for m in exits if ck["written_time"] <= m["time"] <= rq.time), None)
         proc_start = fs["time"] - fs["since_start"]
         part = {
             "resize": f"{sig.from_gpus}->{sig.to_gpus}",
             "signal": sig.done_at - sig.time,
             "checkpoint": ck["written_time"] - sig.done_at,
             "exit": rq.time - ck["written_time"],
-            " (processes)": ex["time"] - ck["written_time"],
-            " (Slurm+poll)": rq.time - ex["time"],
+            " (processes)": ex["time"] - ck["written_time"] if ex else float("nan"),
+            " (Slurm+poll)": rq.time - ex["time"] if ex else float("nan"),
             "requeue": rq.done_at - rq.time,
             "relaunch wait": st.time - rq.done_at,
             "reshape+release": st.done_at - st.time,
