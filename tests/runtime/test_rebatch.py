@@ -15,8 +15,7 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import hpcorch.runtime as hr
-from hpcorch.planner import LaunchPlan, write_plan
-from hpcorch.planner import PlanWatcher, batch_from_plan
+from hpcorch.planner import LaunchPlan, PlanWatcher, batch_from_plan, write_plan
 from tests.runtime.harness import free_port
 
 
