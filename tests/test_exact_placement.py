@@ -72,13 +72,16 @@ def nodes(free: Sequence[int], gpus: int = 4) -> tuple[PoolNode, ...]:
 
 def test_an_uneven_launch_waits_until_the_free_gpus_leave_one_split() -> None:
     four_two = Shape(2, 4, ("n2", "n1"), 0, (4, 2))  # 4 on n2, 2 on n1
-    assert launch_wait(four_two, nodes([4, 4])) != ""  # Slurm would put 4 on n1
-    assert launch_wait(four_two, nodes([2, 4])) == ""  # n1's other GPUs are taken
+    b = {"n1": 2}  # another job starting beside it is to take two GPUs of n1
+    assert launch_wait(four_two, nodes([4, 4]), claimed=b) != ""  # Slurm would put 4 on n1
+    assert launch_wait(four_two, nodes([2, 4]), claimed=b) == ""  # now they are taken
     assert launch_wait(four_two, nodes([2, 2])) != ""  # n2 still held (a stopping job)
-    assert launch_wait(Shape(2, 4, ("n1", "n2"), 0, (4, 2)), nodes([4, 4])) == ""
+    assert launch_wait(Shape(2, 4, ("n1", "n2"), 0, (4, 2)), nodes([4, 4]), claimed=b) == ""
     assert launch_wait(Shape(2, 2, ("n1", "n2"), 0, (2, 2)), nodes([0, 0])) == ""  # even
-    # the planned GPUs are free and nothing takes n1's others: after the limit it goes
-    assert launch_wait(four_two, nodes([4, 4]), waited_s=11, limit_s=10) == ""
+    # n1's other GPUs are idle in the plan: waiting cannot help, it goes with Slurm's split
+    assert launch_wait(four_two, nodes([4, 4])) == ""
+    # nor after the limit, whoever claims them; but never before the planned GPUs are free
+    assert launch_wait(four_two, nodes([4, 4]), waited_s=11, limit_s=10, claimed=b) == ""
     assert launch_wait(four_two, nodes([2, 2]), waited_s=11, limit_s=10) != ""
 
 
@@ -137,32 +140,37 @@ class FillCluster:
 
 
 class FixedPlan:
-    """A policy that always plans job 7 on 4 GPUs of n2 and 2 of n1 (rank order)."""
+    """Job 7 on 4 GPUs of n2 and 2 of n1 (rank order); job 8 on the other 2 of n1."""
 
     name = "fixed"
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        jobs = [j for j in snapshot.jobs if j.job_id == "7"]
-        return Plan(tuple(JobPlan(j.job_id, 6, {1: 4, 0: 2}, 96, 16, 1) for j in jobs))
+        plans = {
+            "7": JobPlan("7", 6, {1: 4, 0: 2}, 96, 16, 1),
+            "8": JobPlan("8", 2, {0: 2}, 2, 1, 1),
+        }
+        return Plan(tuple(plans[j.job_id] for j in snapshot.jobs if j.job_id in plans))
 
 
 def test_the_controller_releases_an_uneven_start_once_slurm_can_only_split_it_as_planned(
     tmp_path: Path,
 ) -> None:
     c = FillCluster(free=[4, 4])
-    c.jobs[7] = ObservedJob(
-        7, "j7", "u", "PENDING", True, "", (), 0, 0, 0, c.t, 0, {"id": "j7", "min": "2", "max": "6"}
-    )
+    for sid, lo in ((7, "6"), (8, "2")):
+        c.jobs[sid] = ObservedJob(
+            sid, f"j{sid}", "u", "PENDING", True, "", (), 0, 0, 0, c.t, 0,
+            {"id": f"j{sid}", "min": lo, "max": lo, "micro": "16"},
+        )  # fmt: skip
     cfg = LoopConfig(round_s=0, settings=Settings(min_run_s=0, startup_s=0, exact_wait_s=60))
     ctl = Controller(c, Store(tmp_path / "s.db"), FixedPlan(), cfg, log=lambda m: None)
     ctl.cycle()
+    # job 8 (even) is released at once; job 7 waits: with n1 all free Slurm would put 4 there
+    assert c.started == [(8, Shape(1, 2, ("n1",), 0, (2,)))]
     rec = ctl.store.job(7)
     assert rec is not None and rec.phase == "starting" and "leave one split" in rec.reason
-    assert not c.started  # with n1 all free, Slurm would have put 4 on n1
-    c.free[0] = 2  # another job takes n1's other two GPUs
     c.t += 1
-    ctl.cycle()
-    assert c.started == [(7, Shape(2, 4, ("n2", "n1"), 0, (4, 2)))]
+    ctl.cycle()  # job 8 holds two of n1's GPUs now: the free GPUs leave one split
+    assert c.started[1:] == [(7, Shape(2, 4, ("n2", "n1"), 0, (4, 2)))]
     assert c.jobs[7].node_names == ("n1", "n2") and c.jobs[7].per_node == (2, 4)
     c.t += 1
     ctl.cycle()

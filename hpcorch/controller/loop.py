@@ -118,7 +118,8 @@ class Controller:
             decision_s, acts = self._schedule(obs, records, samples, now)
             pending += acts
             self.last_round = now
-        pending = [(rec, a) for rec, a in pending if not self._must_wait(rec, a, obs, now)]
+        claims = reconcile.start_claims(records, pool_nodes)
+        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         with self.store.transaction():
             for rec in records:
                 self.store.put_job(rec)
@@ -392,12 +393,19 @@ class Controller:
         return decision_s, acts
 
     # --- carrying out ---------------------------------------------------------------------
-    def _must_wait(self, rec: JobRecord, a: Action, obs: Observation, now: float) -> bool:
+    def _must_wait(
+        self,
+        rec: JobRecord,
+        a: Action,
+        obs: Observation,
+        now: float,
+        claims: Mapping[int, Mapping[str, int]],
+    ) -> bool:
         """A start that must wait (reconcile.start_wait) stays held in phase starting;
         it is tried again every cycle."""
         if a.kind != "start" or a.shape is None:
             return False
-        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings)
+        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
         if why:
             rec.reason = why
         return bool(why)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
@@ -94,20 +94,47 @@ def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
     return Shape(rec.target_gpus, 1, (), rec.target_cpus)
 
 
+def start_claims(
+    records: Sequence[JobRecord], pool_nodes: tuple[str, ...]
+) -> dict[int, dict[str, int]]:
+    """The GPUs each starting job is to take on each node, where its plan names them."""
+    out: dict[int, dict[str, int]] = {}
+    for r in records:
+        if r.phase == "starting" and r.target_gpus > 0:
+            shape = target_shape(r, pool_nodes)
+            if shape.per_node:
+                out[r.slurm_id] = dict(zip(shape.node_names, shape.per_node, strict=True))
+    return out
+
+
 def start_wait(
-    rec: JobRecord, shape: Shape, nodes: Sequence[PoolNode], now: float, s: Settings
+    rec: JobRecord,
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    now: float,
+    s: Settings,
+    claims: Mapping[int, Mapping[str, int]] | None = None,
 ) -> str:
     """Why a start must wait ('' = go now): a relaunch until the second after its last
     run was seen ending (``Settings.relaunch_delay_s``), an uneven shape until the free
-    GPUs leave its split (:func:`launch_wait`)."""
+    GPUs leave its split (:func:`launch_wait`; ``claims``: :func:`start_claims`)."""
     ran = rec.launches or rec.failures or rec.slurm_restarts  # a run ended before this start
     if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
         return "relaunching once slurmd has let go of the last run"
-    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s)
+    others: dict[str, int] = {}
+    for sid, claim in (claims or {}).items():
+        for node, n in claim.items():
+            if sid != rec.slurm_id:
+                others[node] = others.get(node, 0) + n
+    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others)
 
 
 def launch_wait(
-    shape: Shape, nodes: Sequence[PoolNode], waited_s: float = 0.0, limit_s: float = 0.0
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    waited_s: float = 0.0,
+    limit_s: float = 0.0,
+    claimed: Mapping[str, int] | None = None,
 ) -> str:
     """Why an uneven launch must wait before it is handed to the cluster ('' = go now).
 
@@ -115,10 +142,11 @@ def launch_wait(
     one GPU count on its nodes, which the cluster spreads by :func:`fill_gpus`; released
     while its nodes' free GPUs allow another split, it would start at once with that
     split (or before a stopping job has freed the planned GPUs). So it waits until the
-    free GPUs leave exactly the planned split. When the planned GPUs are free but its
-    nodes have more (GPUs the plan leaves idle, or that a job starting beside it has not
-    taken yet) for ``limit_s`` (``waited_s`` so far), it goes with the split the cluster
-    chooses on the same nodes."""
+    free GPUs leave exactly the planned split. When the planned GPUs are free and the
+    nodes' other free GPUs are ones no other starting job is to take (``claimed``: GPUs
+    per node name; the plan leaves them idle), waiting cannot help: it goes with the split
+    the cluster chooses on the same nodes, as it does after ``limit_s`` (``waited_s`` so
+    far) in any case."""
     if shape.even or len(shape.per_node) != len(shape.node_names):
         return ""
     order = {n.name: i for i, n in enumerate(nodes)}
@@ -131,8 +159,12 @@ def launch_wait(
     planned = tuple(c for _, c in mine)
     if fill_gpus(shape.gpus, have_free) == planned:
         return ""
-    if waited_s >= limit_s > 0 and all(f >= c for f, c in zip(have_free, planned, strict=True)):
-        return ""
+    if all(f >= c for f, c in zip(have_free, planned, strict=True)):  # the planned GPUs are free
+        others = claimed or {}
+        if waited_s >= limit_s > 0 or not any(
+            f > c and others.get(name, 0) > 0 for (name, c), f in zip(mine, have_free, strict=True)
+        ):
+            return ""
     have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
     want = " ".join(f"{name}:{c}" for name, c in mine)
     return f"waiting until the free GPUs ({have}) leave one split: {want}"

@@ -27,44 +27,53 @@ PROBE = Path(__file__).parent / "rank_probe.py"
 
 
 class FourOnN2TwoOnN1:
-    """Every job on 6 GPUs: 4 on the pool's second node, then 2 on its first."""
+    """The 6-GPU job: 4 GPUs on the pool's second node, then 2 on its first; the 2-GPU
+    job: the other 2 of the first node."""
 
     name = "fixed"
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        return Plan(tuple(JobPlan(j.job_id, 6, {1: 4, 0: 2}, 12, 2, 1) for j in snapshot.jobs))
+        plans = []
+        for j in snapshot.jobs:
+            if j.min_gpus == 6:
+                plans.append(JobPlan(j.job_id, 6, {1: 4, 0: 2}, 12, 2, 1))
+            else:
+                plans.append(JobPlan(j.job_id, 2, {0: 2}, 2, 1, 1))
+        return Plan(tuple(plans))
 
 
 def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
     env_pool: Pool, tmp_path: Path
 ) -> None:
+    """A 6-GPU job planned as 4 on n2 + 2 on n1 (ranks on n2 first) and a 2-GPU job planned
+    on n1's other two GPUs start in the same cycle. While n1 is all free, Slurm would put 4
+    of the 6 there: the 6-GPU job waits until the other job holds its two, then Slurm can
+    only place it as planned."""
     res = f"t-exact-{os.getpid()}"
     cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env))
     cluster.ensure_reservation("n1,n2", getpass.getuser(), None)
     cfg = LoopConfig(round_s=0, settings=Settings(min_run_s=0, exact_wait_s=300))
     ctl = Controller(cluster, Store(tmp_path / "state.db"), FourOnN2TwoOnN1(), cfg, log=print)
-    blocker = 0
+    sleeper = tmp_path / "sleeper.sh"
+    sleeper.write_text("#!/bin/sh\nsleep 600\n")
+    sleeper.chmod(0o755)
     try:
-        out = env_pool.hpcorch(
-            "submit", str(PROBE), "--pool", res, "--name", "probe", "--min-gpus", "6",
-            "--max-gpus", "6", "--batch-size", "12", "--max-per-gpu-batch", "2",
-            "--cpus-per-gpu", "1", "--parsable",
+
+        def submit(*args: str) -> int:
+            return int(env_pool.hpcorch("submit", *args, "--pool", res, "--parsable").stdout)
+
+        job = submit(
+            str(PROBE), "--name", "probe", "--min-gpus", "6", "--max-gpus", "6",
+            "--batch-size", "12", "--max-per-gpu-batch", "2", "--cpus-per-gpu", "1",
         )  # fmt: skip
-        job = int(out.stdout.strip())
-        for _ in range(3):  # n1 all free: Slurm would put 4 GPUs there, so the job waits
-            ctl.cycle()
-            time.sleep(0.3)
+        other = submit(
+            str(sleeper), "--name", "other", "--min-gpus", "2", "--max-gpus", "2",
+            "--batch-size", "2", "--max-per-gpu-batch", "1", "--mode", "managed",
+        )  # fmt: skip
+        ctl.cycle()
         rec = ctl.store.job(job)
         assert rec is not None and rec.phase == "starting", rec
         assert "leave one split" in rec.reason and env_pool.state(job) == "PENDING"
-        # another job takes two of n1's GPUs: the free GPUs now leave one split
-        blocker = int(
-            env_pool.run(
-                "sbatch", "--parsable", f"--reservation={res}", "-w", "n1", "--gres=gpu:2",
-                "-o", "/dev/null", "--wrap", "sleep 600",
-            ).stdout.split(";")[0]
-        )  # fmt: skip
-        env_pool.wait_state(blocker, {"RUNNING"}, 30)
 
         def done() -> bool:
             ctl.cycle()
@@ -75,6 +84,7 @@ def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
         rec = ctl.store.job(job)
         assert rec is not None and rec.phase == "done", rec
         assert (rec.node_list, rec.node_gpus) == ("n1,n2", "2,4")  # as Slurm reported it
+        assert ctl.store.job(other).node_list == "n1"  # type: ignore[union-attr]
         ranks = [
             json.loads((job_dir(env_pool, job) / "ranks" / f"{r}.json").read_text())
             for r in range(6)
@@ -89,7 +99,5 @@ def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
         assert "6 tasks on n2:4 n1:2 (ranks in that order)" in log, log[-2000:]
     finally:
         env_pool.run("scancel", f"--reservation={res}", check=False)
-        if blocker:
-            env_pool.run("scancel", str(blocker), check=False)
         time.sleep(1)
         env_pool.run("scontrol", "delete", "reservation", res, check=False)
