@@ -98,6 +98,11 @@ ENV_PROGRESS_REGEX = "HPCORCH_PROGRESS_REGEX"
 """Regular expression over the script's output that reports its step (and total)."""
 ENV_PROGRESS_FILE = "HPCORCH_PROGRESS_FILE"
 """A JSON-lines file the script writes its progress to ({"step": ..., "total": ...})."""
+ENV_BATCH_FILE = "HPCORCH_BATCH_FILE"
+"""The sidecar's batch file ({"global_batch", "per_gpu_batch", "accum_steps", "gpus", ...}),
+rewritten when the controller changes the global batch of a running launch; a script
+submitted with --live-batch applies it from its next step."""
+BATCH_FILE = "batch.json"
 MODES = ("managed", "sidecar")
 SIDECAR_STATE_FILE = "sidecar.json"
 REQUEUE_REQUEST_FILE = "requeue-requested"

@@ -100,6 +100,20 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Seconds between cycles.",
 )
 @click.option(
+    "--fast-interval",
+    type=params.Number(0.05, 60.0),
+    default=0.25,
+    show_default=True,
+    help="Seconds between cycles while a job is starting or stopping.",
+)
+@click.option(
+    "--max-calls",
+    type=params.Number(0.1, 1000.0),
+    default=8.0,
+    show_default=True,
+    help="Slurm calls per second the fast cycles make at most.",
+)
+@click.option(
     "--round",
     "round_s",
     type=params.Number(0.1, 86400.0),
@@ -162,6 +176,8 @@ def controller(
     partition: str | None,
     policy: str,
     interval: float,
+    fast_interval: float,
+    max_calls: float,
     round_s: float,
     restart_cost: float,
     grace: float,
@@ -201,6 +217,8 @@ def controller(
         )
         config = LoopConfig(
             interval_s=interval,
+            fast_interval_s=fast_interval,
+            max_calls_per_s=max_calls,
             round_s=round_s,
             restart_cost_s=restart_cost,
             settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),

@@ -64,6 +64,13 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=params.PathType(dir_okay=False),
             help='Sidecar: JSON-lines file the script writes, e.g. {"step": 10, "total": 900}.',
         ),
+        click.option(
+            "--live-batch",
+            is_flag=True,
+            default=None,
+            help="Sidecar: the script takes a new global batch while it runs, from the file "
+            "$HPCORCH_BATCH_FILE names (else a batch change waits for a relaunch).",
+        ),
     ]
     for opt in reversed(opts):
         f = opt(f)
@@ -195,6 +202,7 @@ def submit(
         "resume_cmd",
         "progress_regex",
         "progress_file",
+        "live_batch",
     )
     try:
         sidecar = sidecar_spec(**{k: options.pop(k) for k in sidecar_keys})

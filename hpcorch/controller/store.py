@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -45,6 +45,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
     ),
+    4: (("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -222,6 +223,10 @@ class JobRecord:
     run_total_s: float = 0.0
     """Run time across all launches so far (running or stopping)."""
 
+    node_gpus: str = ""
+    """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
+    on every node."""
+
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
 
@@ -382,6 +387,10 @@ class Store:
             sql += f" WHERE phase IN ({','.join('?' * len(ACTIVE_PHASES))})"
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
         return [_job(r) for r in rows]
+
+    def job_ids(self) -> set[int]:
+        """The Slurm ids of every job the store knows."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs")}
 
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()

@@ -31,6 +31,7 @@ from hpcorch.protocol import (
     METRICS_FILE,
 )
 from hpcorch.runtime import checkpoint as ckpt
+from hpcorch.runtime import rebatch
 from hpcorch.runtime.config import EARLY_SIGNAL, Settings
 from hpcorch.runtime.dist import DistInfo
 from hpcorch.runtime.fence import Fence, Gate
@@ -117,6 +118,9 @@ class ElasticJob:
                 f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "
                 f"ranks run; planning the batch for {self.world_size}"
             )
+        self._batch = settings.batch
+        self._plan_watch = rebatch.PlanWatcher(settings.plan_path if main else None)
+        self._rebatched = False
         restore(self)  # from the newest checkpoint that loads, if any (reads only)
         if main:  # the first writes: a bad plan or checkpoint above left the directory as it was
             self.gate.write(jd, lambda: jd.mkdir(parents=True, exist_ok=True))
@@ -126,12 +130,12 @@ class ElasticJob:
     # -- set-up -------------------------------------------------------------------------
     @property
     def batch(self) -> BatchPlan:
-        """Per-GPU micro-batch and accumulation of this launch."""
-        return self.settings.batch
+        """Per-GPU micro-batch and accumulation now (a rewritten plan changes them)."""
+        return self._batch
 
     @property
     def global_batch(self) -> int:
-        return self.settings.batch.global_batch
+        return self._batch.global_batch
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -281,6 +285,7 @@ class ElasticJob:
         self._event_start(n, epochs)
         t_last = time.perf_counter()
         while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
+            self._rebatched = False  # (re)plan the rest of the epoch at the current batch
             layouts = list(sampler.steps(self.epoch, self.offset, self.batch, self.rank))
             loader = DataLoader(
                 dataset,
@@ -307,7 +312,7 @@ class ElasticJob:
                     )
                 self._boundary(step, layout, epochs, max_steps, t_last)
                 t_last = time.perf_counter()
-                if self.global_step == max_steps:
+                if self.global_step == max_steps or self._rebatched:
                     break
         self._finish()
 
@@ -328,6 +333,7 @@ class ElasticJob:
             and self.settings.checkpoint_interval > 0
             and time.monotonic() - self._last_ckpt >= self.settings.checkpoint_interval
         )
+        micro, accum = rebatch.propose(self) if self.is_main else (0, 0)
         flags = torch.tensor(
             [
                 1.0 if self._signalled is not None else 0.0,
@@ -335,12 +341,14 @@ class ElasticJob:
                 float(local_sq) if local_sq is not None else 0.0,
                 float(step._loss),
                 float(self.gate.failure[0]) if self.gate.failure else 0.0,
+                float(micro),  # rank 0's proposal of a new split; 0 from the others
+                float(accum),
             ],
             dtype=torch.float64,
             device=self.device,
         )
         dist.all_reduce(flags)
-        stop, save, sum_local_sq, loss_sum, failed = flags.tolist()
+        stop, save, sum_local_sq, loss_sum, failed, micro_f, accum_f = flags.tolist()
         if failed > 0:  # only rank 0 writes: its exit code (storage, superseded) for all
             self._abort(int(failed))
         seconds = time.perf_counter() - t_start
@@ -376,6 +384,8 @@ class ElasticJob:
             self._first_step_logged = True
             self.metrics.event("first_step", step=self.global_step, since_start=process_age())
         self.heartbeat.beat(self.global_step)
+        if micro_f > 0 and not finished:
+            self._rebatched = rebatch.apply(self, int(micro_f), int(accum_f))
         if stop > 0 and not finished:
             self.checkpoint(reason="signal")
             self._exit(EXIT_RELAUNCH)

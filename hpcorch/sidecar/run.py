@@ -31,9 +31,12 @@ from hpcorch import logsetup
 from hpcorch.budget import record_relaunch
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
+    BATCH_FILE,
     ENV_ACCUM_STEPS,
+    ENV_BATCH_FILE,
     ENV_CPUS_PER_GPU,
     ENV_GLOBAL_BATCH,
+    ENV_JOB_ID,
     ENV_LAUNCH,
     ENV_PER_GPU_BATCH,
     ENV_PLAN,
@@ -44,6 +47,7 @@ from hpcorch.protocol import (
     REQUEUE_REQUEST_FILE,
     SIDECAR_STATE_FILE,
 )
+from hpcorch.sidecar.batch import LiveBatch
 from hpcorch.sidecar.config import (
     Checkpoint,
     Progress,
@@ -81,7 +85,19 @@ class Sidecar:
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.gpus = max(1, int(os.environ.get("WORLD_SIZE") or 1))
         self.env = dict(os.environ)
+        self.plan_launch: int | None = None
         self.global_batch, self.per_gpu = self._batch()
+        self.live = LiveBatch(
+            cfg.job_dir / BATCH_FILE,
+            self.env.get(ENV_PLAN),
+            self.gpus,
+            self.launch,
+            self.env.get(ENV_JOB_ID) or None,
+            self.plan_launch,
+        )
+        self.live.global_batch, self.live.per_gpu_batch = self.global_batch, self.per_gpu
+        self.live.accum_steps = int(self.env.get(ENV_ACCUM_STEPS) or 1)
+        self.env[ENV_BATCH_FILE] = str(self.live.path)
         self.metrics = cfg.job_dir / METRICS_FILE
         self.tracker = ProgressTracker(self.gpus, self.global_batch, self.per_gpu)
         self.tracker.interval_s = cfg.metrics_interval_s
@@ -110,6 +126,7 @@ class Sidecar:
             try:
                 plan = read_plan(plan_path)
                 global_batch, max_micro = plan.global_batch, plan.max_micro_batch
+                self.plan_launch = plan.launch
             except PlanFileError as exc:
                 log(f"ignoring the plan: {exc}", logging.WARNING)
         if not global_batch:
@@ -124,6 +141,17 @@ class Sidecar:
         self.env[ENV_PER_GPU_BATCH] = str(per_gpu)
         self.env[ENV_ACCUM_STEPS] = str(accum)
         return global_batch, per_gpu
+
+    def _poll_plan(self) -> None:
+        """A new global batch at the same GPUs (the controller rewrote the plan): passed on
+        in the batch file (a script that uses the runtime reads the plan itself)."""
+        line = None if self.managed else self.live.poll()
+        if line is None:
+            return
+        self.global_batch, self.per_gpu = self.live.global_batch, self.live.per_gpu_batch
+        self.tracker.global_batch, self.tracker.per_gpu_batch = self.global_batch, self.per_gpu
+        self.emit({**line, "step": self.tracker.last_step})
+        log(f"global batch {line['from_batch']} -> {self.global_batch}: in {self.live.path}")
 
     def _read_state(self) -> dict[str, Any]:
         try:
@@ -201,6 +229,7 @@ class Sidecar:
                 self.progress_offset = self.cfg.progress_file.stat().st_size
             except OSError:
                 self.progress_offset = 0
+        self.live.write()
         ckpt = latest_checkpoint(self.cfg.ckpt_dir)
         python = self.env.get("HPCORCH_PYTHON") or "python3"
         command, resuming = launch_command(self.cmd, self.cfg, ckpt, self.launch, python)
@@ -244,6 +273,7 @@ class Sidecar:
             elif self._grace_over(now):
                 self._kill(proc)
             self._poll_runtime()
+            self._poll_plan()
             self._poll_progress_file()
             self._drain_progress()
             if now >= next_ckpt_scan:
