@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import costs, loop
 from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
@@ -39,10 +40,10 @@ def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[s
         app, sep, text = value.partition("=")
         app = app.strip()
         try:
-            seconds = float(text)
-        except ValueError:
+            seconds = params.Number(0.0, 3600.0).convert(text, None, None)
+        except click.BadParameter:
             seconds = -1.0
-        if not sep or seconds < 0 or seconds != seconds:
+        if not sep or seconds < 0:
             raise click.BadParameter(
                 f"{value!r} is not APP=SECONDS (e.g. cifar10=0.002)", param_hint="--cpu-demand"
             )
@@ -74,7 +75,7 @@ def _workload_path(value: Path, data: Path) -> Path:
     "workloads",
     nargs=-1,
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
 )
 @click.option(
     "--policy",
@@ -83,14 +84,26 @@ def _workload_path(value: Path, data: Path) -> Path:
     show_default=True,
     help=f"Policies to compare, comma-separated ({', '.join(sorted(POLICIES))}).",
 )
-@click.option("--nodes", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--nodes",
+    default=16,
+    show_default=True,
+    type=params.Integer(1, 100_000),
+    help="Nodes of the simulated cluster.",
+)
+@click.option(
+    "--gpus-per-node",
+    default=4,
+    show_default=True,
+    type=params.Integer(1, 64),
+    help="GPUs on each simulated node.",
+)
 @click.option(
     "--round",
     "round_s",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=1.0),
+    type=params.Number(1.0, 86400.0),
     help="Seconds between scheduling rounds.",
 )
 @click.option(
@@ -98,41 +111,41 @@ def _workload_path(value: Path, data: Path) -> Path:
     "interval_s",
     default=INTERVAL_S,
     show_default=True,
-    type=click.FloatRange(min=1.0),
+    type=params.Number(1.0, 3600.0),
     help="Seconds between the controller's cycles (1 s while a job starts or stops).",
 )
 @click.option(
     "--checkpoint-s",
     default=costs.CHECKPOINT_S,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="Resize cost: signal -> checkpoint written.",
 )
 @click.option(
     "--exit-s",
     default=costs.EXIT_S,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="Resize cost: checkpoint -> the job's processes have exited.",
 )
 @click.option(
     "--requeue-s",
     default=costs.REQUEUE_S,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="Resize cost: exit -> relaunch (the controller's relaunch delay).",
 )
 @click.option(
     "--startup-s",
     default=costs.STARTUP_S,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="Resize cost: relaunch -> first training step (every start pays it).",
 )
 @click.option(
     "--restart-cost",
     default=None,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="--engine direct: seconds without progress after a job's GPUs or placement change "
     "[default: the sum of the four parts above].",
 )
@@ -140,7 +153,7 @@ def _workload_path(value: Path, data: Path) -> Path:
     "--cpus-per-node",
     default=48,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=params.Integer(1, 4096),
     help="CPUs per node, shared by the data loaders of the jobs on it.",
 )
 @click.option(
@@ -154,13 +167,15 @@ def _workload_path(value: Path, data: Path) -> Path:
     "--cpus-per-gpu",
     default=0,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=params.Integer(0, 1024),
     help="Give every job this many CPUs per GPU instead of the policy's choice (0: policy).",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the policies.")
+@click.option(
+    "--seed", default=0, show_default=True, type=params.SEED, help="Seed of the policies."
+)
 @click.option(
     "--data",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=params.PathType(path_type=Path, file_okay=False),
     default=None,
     help="Trace data directory [default: $HPCORCH_POLLUX_DATA, else the Pollux artifact's "
     "data bundled with hpcorch].",
@@ -176,13 +191,13 @@ def _workload_path(value: Path, data: Path) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
     help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
 )
 @click.option(
     "--per-job",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
     help="Write per-job results (JCT, queueing delay, restarts) to this CSV file.",
 )

@@ -10,13 +10,14 @@ Slurm reports (hpcorch/controller/reconcile.py).
 from __future__ import annotations
 
 import json
-import sys
+import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcorch.cluster import Cluster, Observation, ObservedJob
+from hpcorch.cluster import Cluster, Observation, ObservedJob, Shape
 from hpcorch.controller import reconcile
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action, Settings
@@ -26,6 +27,7 @@ from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
+from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
 
 MAX_DECLARED_EPOCHS = 1_000_000
 MAX_DECLARED_SAMPLES = 10**12
@@ -38,10 +40,18 @@ ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch"
 class LoopConfig:
     interval_s: float = 10.0
     """Seconds between cycles."""
-    fast_interval_s: float = 1.0
+    fast_interval_s: float = 0.25
     """Seconds between cycles while a transition is in flight (a job starting or
     stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
-    it, not at the next full cycle."""
+    it, not at the next full cycle. These fast cycles observe and move the state machines;
+    they read the metrics of jobs in transition only (every job's at least every
+    ``interval_s``)."""
+    max_calls_per_s: float = 8.0
+    """Slurm calls per second the fast cycles may make at most (0: no bound): a cycle
+    that made n calls is followed by at least n / max_calls_per_s seconds."""
+    fast_for_s: float = 300.0
+    """A transition is polled fast for at most this long (a job left pending by Slurm
+    for longer is looked at every ``interval_s``)."""
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
@@ -51,8 +61,22 @@ class LoopConfig:
     settings: Settings = field(default_factory=Settings)
 
 
+logger = logging.getLogger("hpcorch.controller")
+_JOB_RE = re.compile(r"job (\d+)\b")
+
+
+def _extra(msg: str) -> dict[str, Any]:
+    """The Slurm job a line is about, as a field of its own (JSON logs: a label)."""
+    m = _JOB_RE.match(msg)
+    return {"slurm_job_id": int(m.group(1))} if m else {}
+
+
 def _log(msg: str) -> None:
-    print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
+    logger.info("%s", msg, extra=_extra(msg))
+
+
+def _warn(msg: str) -> None:
+    logger.warning("%s", msg, extra=_extra(msg))
 
 
 def _int(tags: Mapping[str, str], key: str, default: int) -> int:
@@ -67,13 +91,16 @@ class Controller:
         store: Store,
         policy: Policy,
         config: LoopConfig | None = None,
-        log: Callable[[str], None] = _log,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.store = store
         self.policy = policy
         self.config = config or LoopConfig()
-        self.log = log
+        self.log = log or _log
+        """Where the controller's lines go (tests pass their own; default: logging)."""
+        self.warn = log or _warn
+        """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None
         self.last_decision_s = 0.0
@@ -81,20 +108,26 @@ class Controller:
         self._history_ids: set[int] = set()
         self._pool_meta = ""
         self._profiles = Profiles()
+        self._flight: bool | None = None
+        """Whether the last cycle left a transition in flight (None: no cycle yet)."""
+        self._plan_batch: dict[int, int] = {}
+        """The global batch of the plan each running launch has (this controller's writes)."""
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
         """Every job's record as the store holds it (the controller is its only writer)."""
 
     # --- one cycle ----------------------------------------------------------------------
-    def cycle(self) -> CycleStats:
+    def cycle(self, full: bool = True) -> CycleStats:
+        """One cycle. ``full=False``: a fast cycle, which reads only the metrics of jobs in
+        transition (what moves their state machines)."""
         try:
-            return self._cycle()
+            return self._cycle(full)
         except BaseException:
             self.records.load()  # the store is the truth: drop what the cycle changed in memory
             raise
 
-    def _cycle(self) -> CycleStats:
+    def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
@@ -112,12 +145,14 @@ class Controller:
             changed |= bool(out.events) and not rec.active
             self._events(rec, out.events)
         self._account(records, now)
-        self._read_metrics(records)
+        self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
         if changed or now - self.last_round >= self.config.round_s:
             decision_s, acts = self._schedule(obs, records, now)
             pending += acts
             self.last_round = now
+        claims = reconcile.start_claims(records, pool_nodes)
+        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
             self.records.write()
@@ -148,13 +183,20 @@ class Controller:
                 for n in obs.nodes
             ]
         )
+        ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
             self.store.add_cycle(stats)
-            if pool != self._pool_meta:
+            meta = pool + "\n" + ends
+            if meta != self._pool_meta:
                 self.store.set_meta("pool", pool)
-                self._pool_meta = pool
+                self.store.set_meta("reservation_end", ends)
+                self._pool_meta = meta
+        window = self.config.fast_for_s
+        self._flight = any(
+            r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
+        )
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------
@@ -202,6 +244,8 @@ class Controller:
             predictable=0 if t.get("progress") == "no" else 1,
             stop_grace_s=float(_int(t, "grace", 0)),
             min_cpus=max(1, _int(t, "mincpus", 1)),
+            time_budget_s=float(_int(t, "budget", 0)),
+            max_relaunches=_int(t, "relaunches", DEFAULT_MAX_RELAUNCHES),
         )
         # The length its user declared (epochs, samples per epoch), until it reports its own.
         epochs, dataset = _int(t, "epochs", 0), _int(t, "dataset", 0)
@@ -224,6 +268,7 @@ class Controller:
             for rec in records:
                 if rec.phase in ("running", "stopping"):
                     rec.gpu_seconds += rec.gpus * dt
+                    rec.run_total_s += dt
         self.last_time = now
 
     def _read_metrics(self, records: Sequence[JobRecord]) -> None:
@@ -355,6 +400,7 @@ class Controller:
             self.config.round_s,
             self.config.restart_cost_s,
             requests,
+            obs.fair_shares,
             self.config.settings,
             self._profiles,
         )
@@ -364,7 +410,7 @@ class Controller:
             validate_plan(snapshot, plan)
         except PlanError as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
-            self.log(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
+            self.warn(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
             self.last_decision_s = time.perf_counter() - t0
             return self.last_decision_s, []
         decision_s = time.perf_counter() - t0
@@ -382,6 +428,9 @@ class Controller:
                 rec.reason = rec.fixed_reason()
                 continue
             jp = targets.get(str(rec.slurm_id))
+            if jp is not None:
+                rec.target_batch = jp.global_batch
+            live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
             out = reconcile.decide(
                 rec,
                 jp.gpus if jp else 0,
@@ -390,7 +439,8 @@ class Controller:
                 pool_nodes,
                 self.config.settings,
                 jp.cpus_per_gpu if jp else 0,
-                batch=jp.global_batch if jp else 0,
+                self._plan_batch.get(rec.slurm_id, 0),
+                live and bool(rec.job_dir),
                 restart_cost_s=self.config.restart_cost_s,
             )
             acts += [(rec, a) for a in out.actions]
@@ -398,19 +448,39 @@ class Controller:
         return decision_s, acts
 
     # --- carrying out ---------------------------------------------------------------------
+    def _must_wait(
+        self,
+        rec: JobRecord,
+        a: Action,
+        obs: Observation,
+        now: float,
+        claims: Mapping[int, Mapping[str, int]],
+    ) -> bool:
+        """A start that must wait (reconcile.start_wait) stays held in phase starting;
+        it is tried again every cycle."""
+        if a.kind != "start" or a.shape is None:
+            return False
+        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        if why:
+            rec.reason = why
+        return bool(why)
+
     def _intent(self, rec: JobRecord, a: Action) -> int:
         to = a.shape.gpus if a.shape else rec.target_gpus
         return self.store.add_decision(
             rec.slurm_id, a.kind, rec.gpus, to, rec.target_batch or rec.batch, a.reason
         )
 
-    def _launch_plan(self, rec: JobRecord, gpus: int, launch: int) -> LaunchPlan:
+    def _launch_plan(
+        self, rec: JobRecord, gpus: int, launch: int, batch: int, shape: Shape | None = None
+    ) -> LaunchPlan:
         return LaunchPlan(
-            global_batch=max(rec.target_batch or rec.batch, gpus),
+            global_batch=batch,
             gpus=gpus,
             max_micro_batch=max(1, rec.max_micro),
             job=rec.job_key,
             launch=launch,
+            placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
         )
 
     def _execute(self, rec: JobRecord, a: Action) -> str:
@@ -418,16 +488,22 @@ class Controller:
         try:
             if a.kind == "start":
                 assert a.shape is not None
+                batch = max(rec.target_batch or rec.batch, a.shape.gpus)
                 if rec.job_dir:
                     self.cluster.write_plan(
-                        rec.job_dir, self._launch_plan(rec, a.shape.gpus, rec.launches)
+                        rec.job_dir,
+                        self._launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape),
                     )
                 self.cluster.start(rec.slurm_id, a.shape)
+                self._plan_batch[rec.slurm_id] = batch
             elif a.kind == "rebatch":
                 # the running launch's own plan, rewritten: the job takes the new batch at its
-                # next step, no restart (only managed jobs get this action)
-                plan = self._launch_plan(rec, rec.gpus, max(0, rec.launches - 1))
+                # next step, no restart, no Slurm call (only jobs that can take it get this)
+                plan = self._launch_plan(
+                    rec, rec.gpus, max(0, rec.launches - 1), max(rec.target_batch, 1)
+                )
                 self.cluster.write_plan(rec.job_dir, plan)
+                self._plan_batch[rec.slurm_id] = plan.global_batch
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
@@ -436,30 +512,57 @@ class Controller:
                 self.cluster.requeue_hold(rec.slurm_id)
             return "done"
         except (HpcorchError, OSError) as exc:
-            self.log(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
+            self.warn(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
             return f"error: {exc}"
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
-        """A transition is under way: some job is starting or stopping."""
-        return any(r.phase in ("starting", "stopping") for r in self.records.active())
+        """A transition is under way: some job is starting or stopping (for at most
+        ``fast_for_s``)."""
+        if self._flight is None:
+            now = self.cluster.now()
+            return any(
+                r.phase in ("starting", "stopping") and now - r.phase_since < self.config.fast_for_s
+                for r in self.records.active()
+            )
+        return self._flight
 
-    def next_interval(self) -> float:
-        """Seconds to the next cycle: short while a transition is in flight."""
-        if self.in_flight():
-            return min(self.config.fast_interval_s, self.config.interval_s)
-        return self.config.interval_s
+    def next_interval(self, calls: int = 0) -> float:
+        """Seconds to the next cycle: short while a transition is in flight, but no more
+        than ``max_calls_per_s`` Slurm calls a second (``calls``: the last cycle's)."""
+        if not self.in_flight():
+            return self.config.interval_s
+        fast = min(self.config.fast_interval_s, self.config.interval_s)
+        if self.config.max_calls_per_s > 0:
+            fast = max(fast, calls / self.config.max_calls_per_s)
+        return fast
 
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
+        """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
+        between while a transition is in flight."""
         backoff = self.config.interval_s
+        last_full = -1e18
+        clock = self.cluster.now
         while not should_stop():
-            t0 = time.monotonic()
+            t0 = clock()
+            full = t0 - last_full >= self.config.interval_s
             try:
-                self.cycle()
+                stats = self.cycle(full=full)
                 backoff = self.config.interval_s
             except HpcorchError as exc:
-                self.log(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
+                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue
-            sleep(max(0.0, self.next_interval() - (time.monotonic() - t0)))
+            if full:
+                last_full = t0
+            wait = self.next_interval(stats.slurm_calls)
+            if not self.in_flight():  # the next full cycle is due interval_s after this one
+                wait = max(0.0, last_full + self.config.interval_s - t0)
+            sleep(max(0.0, wait - (clock() - t0)))
+
+
+def _in_transition(rec: JobRecord) -> bool:
+    """A job whose reports move its state machine: starting, stopping, or running but not
+    yet reported its start (it cannot be signalled before)."""
+    return rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready)

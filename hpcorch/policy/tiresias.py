@@ -50,7 +50,11 @@ class TiresiasPolicy:
                 q1.append(j.job_id)
         left = snapshot.total_gpus
         run: list[str] = []
-        for key in (*q0, *q1):
+        heavy = {k: -jobs[k].weight for k in jobs}  # within a queue: weight, then arrival
+        for key in (
+            *sorted(q0, key=lambda k: heavy.get(k, 0.0)),
+            *sorted(q1, key=lambda k: heavy.get(k, 0.0)),
+        ):
             if key not in jobs:
                 continue
             count = min(jobs[key].requested_gpus, snapshot.total_gpus)

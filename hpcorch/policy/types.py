@@ -101,6 +101,10 @@ class JobView:
     """True when the job takes a new global batch at its next step without a restart (the
     runtime's managed mode): a batch-only change is free. False: its batch changes only
     when it is relaunched, so at its current GPUs it keeps the batch it runs with."""
+    weight: float = 1.0
+    """The job's claim relative to the others (mean 1): its user's fair share split over
+    the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every
+    policy orders (or scores) by it; all 1 when every user counts the same."""
 
     @property
     def running(self) -> bool:

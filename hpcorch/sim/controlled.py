@@ -185,6 +185,17 @@ def _timers(ctl: Controller, side: SimSlurm, s: Settings) -> float:
     for j in side.awaiting_relaunch():
         if j.end_time + s.relaunch_delay_s > now:
             nxt = min(nxt, j.end_time + s.relaunch_delay_s)
+    for rec in ctl.records.active():
+        if rec.phase not in ("starting", "stopping"):
+            continue
+        # the end of its fast polling; a held start's relaunch delay and exact-shape wait
+        dues = [rec.phase_since + ctl.config.fast_for_s]
+        if rec.phase == "starting":
+            dues += [math.floor(rec.phase_since) + s.relaunch_delay_s]
+            dues += [rec.phase_since + s.exact_wait_s]
+        for due in dues:  # each rule acts at its deadline itself (now >= due)
+            if due > now + 1e-9:
+                nxt = min(nxt, due)
     grace = max(s.grace_s, 30.0)  # managed jobs: no sidecar grace of their own
     for j in side.stopping():
         for due in (j.signalled_at + s.resignal_s, j.first_signal + grace):
