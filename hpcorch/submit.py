@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hpcorch.errors import SubmitError
-from hpcorch.paths import jobs_dir, wrapper_path
+from hpcorch.paths import jobs_dir, spool_dir, wrapper_path
 from hpcorch.protocol import BATCH_SCRIPT_FILE, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.parse import SlurmNode
@@ -172,6 +172,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         python=sys.executable,
         sidecar=resolve_mode(req),
         min_cpus_per_gpu=req.cpus_per_gpu or 0,
+        spool=str(spool_dir()) if req.pool is not None else None,
     )
 
 
@@ -187,7 +188,8 @@ def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> 
         only = pools[req.pool]
     shape = pool_shape(backend.nodes(), partition, only)
     job_key = new_job_key(req.name)
-    job_dir = jobs_dir() / job_key
+    # without symbolic links: the controller reads the job's metrics only through plain paths
+    job_dir = jobs_dir().resolve() / job_key
     spec = build_spec(req, shape, job_key, job_dir)
     try:
         text = render_batch_script(spec)

@@ -28,7 +28,9 @@ class CpuCluster(FakeCluster):
         )
         return Observation(obs.time, nodes, obs.jobs)
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         lines = self.reports.get(job_dir, [])
         return lines[offset:], len(lines)
 
@@ -108,4 +110,4 @@ def test_an_old_state_database_gains_the_new_columns(tmp_path: Path) -> None:
     assert len(old) == 1 and old[0].cpus_per_gpu == 0 and old[0].data_wait is None
     store.add_samples([Sample(7, 2.0, 2, 1, 32, 1, 64, 0.5, 128.0, cpus_per_gpu=3)])
     assert store.samples(7)[-1].cpus_per_gpu == 3
-    assert store.get_meta("schema") == "2"
+    assert store.get_meta("schema") == "3"

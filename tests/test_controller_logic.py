@@ -36,7 +36,7 @@ class FakeCluster:
     t: float = 1000.0
     jobs: dict[int, FakeJob] = field(default_factory=dict)
     log: list[tuple[str, int]] = field(default_factory=list)
-    plans: dict[str, LaunchPlan] = field(default_factory=dict)
+    plans: dict[int, LaunchPlan] = field(default_factory=dict)
     shapes: list[Shape] = field(default_factory=list)
     down: set[str] = field(default_factory=set)
     calls: int = 0
@@ -116,10 +116,12 @@ class FakeCluster:
     def cancel(self, slurm_id: int) -> None:
         self.set(slurm_id, state="CANCELLED")
 
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        self.plans[job_dir] = plan
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        self.plans[slurm_id] = plan
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         return [], offset
 
 
@@ -142,7 +144,7 @@ def test_a_held_job_is_started_at_its_share(tmp_path: Path) -> None:
     ctl = controller(tmp_path, c)
     ctl.cycle()
     assert c.log == [("start", 1)] and c.jobs[1].job.gpus == 8
-    assert c.plans["/jobs/1"].gpus == 8 and c.plans["/jobs/1"].global_batch == 64
+    assert c.plans[1].gpus == 8 and c.plans[1].global_batch == 64
     ctl.cycle()
     assert ctl.store.job(1).phase == "running"  # type: ignore[union-attr]
 
@@ -227,7 +229,14 @@ def test_failures_are_retried_then_left_failed(tmp_path: Path) -> None:
     ctl.cycle()
     c.set(1, state="FAILED", exit_code=1)
     ctl.cycle()
-    assert c.state(1) == "RUNNING" and "retry 1/1" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "queued" and c.state(1) == "PENDING"
+    assert rec.reason == "failed with exit code 1: retry 1/1 from the last checkpoint in 2 s"
+    ctl.cycle()
+    assert c.state(1) == "PENDING"  # backing off, its GPUs free
+    c.t += 2
+    ctl.cycle()
+    assert c.state(1) == "RUNNING"
     c.set(1, state="FAILED", exit_code=3)
     ctl.cycle()
     rec = ctl.store.job(1)
@@ -276,7 +285,7 @@ def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -
     c.add(2, 4, 4)
     ctl.cycle()
     assert ("signal", 1) not in c.log  # still importing torch, as far as anyone knows
-    c.read_metrics = lambda d, o: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
+    c.read_metrics = lambda d, o, u: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
     ctl.cycle()
     assert ("signal", 1) in c.log
 

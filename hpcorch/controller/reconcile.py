@@ -40,6 +40,13 @@ class Settings:
     relaunch_delay_s: float = 2.0
     """Seconds between the end of a run and its relaunch: slurmd refuses a job id's new
     launch on a node while the last run's credential is being revoked."""
+    start_backoff_s: float = 2.0
+    """After a failed start (or a failed launch), the job waits this long before it is
+    started again, doubled at every failure in a row."""
+    start_backoff_max_s: float = 300.0
+    max_start_failures: int = 5
+    """Starts in a row that may fail (the plan cannot be written, Slurm refuses) before the
+    job is left failed."""
 
 
 @dataclass(frozen=True)
@@ -164,10 +171,15 @@ def _ended(
         out.events.append(f"failed: {rec.reason}")
         return
     if rec.failures <= s.max_retries:
-        rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
+        # back in the queue, its GPUs free for others, started again after a back-off: a
+        # launch that fails at once (a full disk, a bad node) does not loop
+        delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (rec.failures - 1))
         why = f"{what}: retry {rec.failures}/{s.max_retries} from the last checkpoint"
-        out.events.append(f"retry: {why}")
-        _relaunch(rec, now, pool_nodes, out, why)
+        out.events.append(f"retry: {why} in {delay:.0f} s")
+        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+        rec.target_gpus = 0
+        rec.retry_at = now + delay
+        _set_phase(rec, "queued", now, f"{why} in {delay:.0f} s")
     else:
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
@@ -231,6 +243,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
         rec.ready = 0
+        rec.start_failures = 0
         _set_phase(rec, "running", now, f"launch {rec.launches}")
     if job.node_names:
         rec.gpus = job.gpus

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -38,13 +38,19 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
         ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
         ("samples", "data_wait REAL"),
-    )
+    ),
+    3: (
+        ("jobs", "uid INTEGER NOT NULL DEFAULT -1"),
+        ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
+    ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost")
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "refused")
+"""refused: the job's comment failed validation; the controller never acts on it."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -169,6 +175,12 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    uid: int = -1
+    """The Unix user id of the job's owner, as Slurm reports it (-1: unknown)."""
+    start_failures: int = 0
+    """Starts in a row that failed (the plan could not be written, Slurm refused)."""
+    retry_at: float = 0.0
+    """A queued job whose start failed is not started again before this time."""
 
     @property
     def movable(self) -> bool:
@@ -339,6 +351,11 @@ class Store:
         self.db.execute(
             f"INSERT OR REPLACE INTO jobs({cols}) VALUES({marks})", list(values.values())
         )
+
+    def phases(self) -> dict[int, tuple[str, str]]:
+        """Every known job's phase and key, by Slurm id: one query."""
+        rows = self.db.execute("SELECT slurm_id, phase, job_key FROM jobs")
+        return {int(r[0]): (str(r[1]), str(r[2])) for r in rows}
 
     # --- decisions ----------------------------------------------------------------------
     def add_decision(

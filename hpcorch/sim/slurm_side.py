@@ -37,7 +37,8 @@ from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
 FIRST_JOB_ID = 1000
-JOB_DIR_PREFIX = "sim:"
+JOB_DIR_PREFIX = "/sim/"
+"""Simulated job directories: plain absolute paths, as the controller accepts."""
 
 
 class SimSlurmError(HpcorchError):
@@ -235,13 +236,10 @@ class SimSlurm:
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        j = self._by_dir.get(job_dir)
-        if j is None:
-            raise SimSlurmError(f"no job directory {job_dir}")
-        j.plan = plan
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        self._job(slurm_id).plan = plan
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+    def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         j = self._by_dir.get(job_dir)
         if j is None:
             return [], offset

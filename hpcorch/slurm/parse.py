@@ -91,6 +91,8 @@ class SlurmJob:
     work_dir: str
     reservation: str
     held: bool
+    uid: int = -1
+    """The owner's Unix user id (-1: not reported)."""
 
     @property
     def gpus(self) -> int:
@@ -174,6 +176,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
+        uid=_num(raw.get("user_id"), -1),
     )
 
 

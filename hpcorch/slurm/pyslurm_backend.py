@@ -139,6 +139,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         work_dir=_str(job.working_directory),
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+        uid=_int(job.user_id) if isinstance(job.user_id, int) else -1,
     )
 
 

@@ -30,6 +30,7 @@ from hpcorch.protocol import (
     ENV_RESUME_ARGS,
     ENV_RESUME_CMD,
     ENV_SCRIPT_CKPT_DIR,
+    ENV_SPOOL,
     ENV_STOP_COMMAND,
     ENV_STOP_GRACE,
     ENV_STOP_SIGNAL,
@@ -117,6 +118,9 @@ class JobSpec:
     sidecar: SidecarSpec | None = None
     min_cpus_per_gpu: int = 0
     """The fewest CPUs per GPU the controller may give the job (0: one)."""
+    spool: str | None = None
+    """The controller's spool (a job in its pool): the wrapper reads the plan from
+    <spool>/<Slurm job id>/plan.json, which only the controller writes."""
     """Set: the script does not use the runtime; the wrapper runs it under the sidecar."""
 
     @property
@@ -232,6 +236,8 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append(("HPCORCH_PYTHON", spec.python))
     if spec.managed:
         env.append(("HPCORCH_CONTROLLED", "1"))
+        if spec.spool:
+            env.append((ENV_SPOOL, spec.spool))
     if spec.sidecar is not None:
         env += spec.sidecar.env()
     env += list(spec.extra_env)

@@ -119,15 +119,15 @@ def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
     sid, job_dir = seen.slurm_id, seen.tags["dir"]
     with pytest.raises(SimSlurmError):
         side.signal_checkpoint(sid)
-    side.write_plan(job_dir, LaunchPlan(global_batch=1024, gpus=4, max_micro_batch=256))
+    side.write_plan(sid, LaunchPlan(global_batch=1024, gpus=4, max_micro_batch=256), -1)
     side.start(sid, Shape(1, 4, ("sim001",)))
     (seen,) = side.observe().jobs
     assert (seen.state, seen.node_names, seen.gpus) == ("RUNNING", ("sim001",), 4)
     side.advance(25)  # still starting up: nothing to report
-    lines, off = side.read_metrics(job_dir, 0)
+    lines, off = side.read_metrics(job_dir, 0, -1)
     assert lines == []
     side.advance(60)
-    lines, off = side.read_metrics(job_dir, off)
+    lines, off = side.read_metrics(job_dir, off, -1)
     assert [ln["event"] for ln in lines][:2] == ["start", "steps"]
     steps = [ln for ln in lines if ln["event"] == "steps"]
     assert steps[-1]["global_batch"] == 1024 and steps[-1]["gpus"] == 4
@@ -145,10 +145,10 @@ def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
     side.requeue_hold(sid)
     (seen,) = side.observe().jobs
     assert (seen.state, seen.held, seen.restarts) == ("PENDING", True, 1)
-    side.write_plan(job_dir, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=256))
+    side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=256), -1)
     side.start(sid, Shape(1, 2))
     side.advance(120)
-    lines, off = side.read_metrics(job_dir, off)
+    lines, off = side.read_metrics(job_dir, off, -1)
     assert [ln for ln in lines if ln["event"] == "steps"][-1]["global_batch"] == 512
     assert side.jobs[0].model.progress > progress
     side.cancel(sid)
