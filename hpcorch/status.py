@@ -66,8 +66,9 @@ class PoolRow:
 
 
 def _int(fields: dict[str, str], key: str) -> int | None:
+    """A tag of the comment as a number, None unless 1-9 ASCII digits (a user writes it)."""
     value = fields.get(key, "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else None
 
 
 def job_rows(
@@ -163,7 +164,7 @@ def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
             j.user,
             j.mode,
             j.phase.upper()
-            if (managed and j.phase and j.state != "PENDING") or j.phase == "queued"
+            if (managed and j.phase and j.state != "PENDING") or j.phase in ("queued", "refused")
             else j.state,
             str(j.gpus) if j.state != "PENDING" else "0",
             f"{j.min_gpus}-{j.max_gpus}",

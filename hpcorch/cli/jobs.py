@@ -14,6 +14,7 @@ import click
 
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.protocol import MAX_CPUS_PER_GPU, MAX_GLOBAL_BATCH, MAX_GPUS, MAX_GRACE_S
 from hpcorch.sidecar.config import SidecarError, check_regex, signal_number
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import SidecarSpec, SpecError, check_name, check_time, parse_comment
@@ -41,7 +42,7 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--stop-command", help="Sidecar: shell command that stops the script."),
         click.option(
             "--grace",
-            type=click.IntRange(min=0),
+            type=click.IntRange(0, MAX_GRACE_S),
             help="Sidecar: seconds the script has to exit before it is killed [60].",
         ),
         click.option(
@@ -118,17 +119,25 @@ def sidecar_spec(
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("script", type=click.Path(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--min-gpus", type=click.IntRange(min=1), required=True, help="Fewest GPUs.")
-@click.option("--max-gpus", type=click.IntRange(min=1), help="Most GPUs [default: min].")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Global batch size to start with.")
-@click.option("--max-batch-size", type=click.IntRange(min=1), help="Largest global batch size.")
+@click.option("--min-gpus", type=click.IntRange(1, MAX_GPUS), required=True, help="Fewest GPUs.")
+@click.option("--max-gpus", type=click.IntRange(1, MAX_GPUS), help="Most GPUs [default: min].")
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, MAX_GLOBAL_BATCH),
+    help="Global batch size to start with.",
+)
+@click.option(
+    "--max-batch-size",
+    type=click.IntRange(1, MAX_GLOBAL_BATCH),
+    help="Largest global batch size.",
+)
 @click.option("--time", "time_limit", help="Slurm time limit, e.g. 2:00:00 or 1-12.")
 @click.option("--partition", help="Slurm partition [default: Slurm's default].")
 @click.option("--name", help="Job name [default: the script's name].")
-@click.option("--cpus-per-gpu", type=click.IntRange(min=1), help="CPUs per GPU task.")
+@click.option("--cpus-per-gpu", type=click.IntRange(1, MAX_CPUS_PER_GPU), help="CPUs per GPU task.")
 @click.option(
     "--max-per-gpu-batch",
-    type=click.IntRange(min=1),
+    type=click.IntRange(1, MAX_GLOBAL_BATCH),
     help="Largest per-GPU micro-batch that fits in memory.",
 )
 @click.option(
