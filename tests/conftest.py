@@ -92,6 +92,9 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
     home = tmp_path_factory.mktemp("hpcorch-home")
     env["HPCORCH_HOME"] = str(home)
+    # one spool for every test's controller (each has its own state directory): submit
+    # tells the jobs, and the controllers write their plans there
+    env["HPCORCH_SPOOL"] = str(home / "spool")
     env["PYTHONUNBUFFERED"] = "1"
     pool = Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
     yield pool

@@ -216,3 +216,17 @@ def test_a_lost_job_that_reappears_is_readopted(tmp_path: Path) -> None:
     c.add(2, 8, 8)
     ctl.cycle()
     assert c.state(2) == "PENDING"
+
+
+def test_state_kept_for_another_reservation_needs_adopt(tmp_path: Path) -> None:
+    from hpcorch.cli.controller import _check_reservation
+    from hpcorch.controller.store import Store
+    from hpcorch.errors import HpcorchError
+
+    store = Store(tmp_path / "state.db")
+    _check_reservation(store, tmp_path, "pool", adopt=False)  # fresh state: any
+    store.set_meta("reservation", "pool")
+    _check_reservation(store, tmp_path, "pool", adopt=False)
+    with pytest.raises(HpcorchError, match="belongs to reservation 'pool', not 'wrong'"):
+        _check_reservation(store, tmp_path, "wrong", adopt=False)
+    _check_reservation(store, tmp_path, "wrong", adopt=True)

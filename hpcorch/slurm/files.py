@@ -173,6 +173,8 @@ def _open_plain(path: str) -> int:
             os.close(d)
             d = nd
         st = os.stat(parts[-1], dir_fd=d, follow_symlinks=False)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafeFile(f"{path} is a symbolic link")
         if not stat.S_ISREG(st.st_mode):
             raise UnsafeFile(f"{path} is not a regular file")
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
