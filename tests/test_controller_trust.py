@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import itertools
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -230,3 +231,39 @@ def test_state_kept_for_another_reservation_needs_adopt(tmp_path: Path) -> None:
     with pytest.raises(HpcorchError, match="belongs to reservation 'pool', not 'wrong'"):
         _check_reservation(store, tmp_path, "wrong", adopt=False)
     _check_reservation(store, tmp_path, "wrong", adopt=True)
+
+
+def test_state_another_user_cannot_read_is_one_clear_error(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from hpcorch.controller.store import Store
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another user")
+    Store(tmp_path / "ctl" / "state.db").close()
+    (tmp_path / "ctl").chmod(0o700)
+    for p in (tmp_path, *tmp_path.parents):
+        p.chmod(p.stat().st_mode | 0o001)
+    code = (
+        "from pathlib import Path\n"
+        "from hpcorch.controller.store import Store, StateError\n"
+        "try:\n"
+        f"    Store(Path({str(tmp_path / 'ctl' / 'state.db')!r}), readonly=True)\n"
+        "except StateError as e:\n"
+        "    print(e)\n"
+    )
+    nobody = ["setpriv", "--reuid", "nobody", "--regid", "nogroup", "--clear-groups"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    probe = subprocess.run([*nobody, sys.executable, "-c", "import hpcorch"], env=env)
+    if probe.returncode != 0:
+        pytest.skip("the checkout is not readable by other users here")
+    out = subprocess.run(
+        [*nobody, sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert "Traceback" not in out.stderr, out.stderr
+    assert out.stdout.startswith("cannot read the controller's state"), out.stdout
+    assert "Permission denied" in out.stdout

@@ -34,6 +34,9 @@ def test_the_plan_is_written_in_the_spool_only(tmp_path: Path) -> None:
     spool.write_plan(42, PLAN, ME)  # again: replaced atomically
     assert read_plan(spool.path(42)) == PLAN
     assert spool.discard_except([7]) == [42] and not (tmp_path / "spool" / "42").exists()
+    (tmp_path / "spool").rmdir()  # removed under the controller: made again
+    spool.write_plan(43, PLAN, ME)
+    assert read_plan(spool.path(43)) == PLAN
 
 
 def test_the_plan_is_readable_by_the_jobs_owner_only(tmp_path: Path) -> None:

@@ -264,8 +264,17 @@ class Store:
 
     def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
-        if readonly and not path.exists():
-            raise StateError(f"no controller state at {path}")
+        if readonly:
+            try:
+                with open(path, "rb"):
+                    pass
+            except FileNotFoundError:
+                raise StateError(f"no controller state at {path}") from None
+            except OSError as exc:
+                raise StateError(
+                    f"cannot read the controller's state {path}: {exc.strerror} (it belongs to "
+                    "the controller's user; an admin can let you read it)"
+                ) from None
         try:
             if readonly:
                 self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)

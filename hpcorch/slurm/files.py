@@ -91,7 +91,11 @@ class Spool:
 
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
         """Write the plan atomically where the job's owner (``uid``) can read it."""
-        root = os.open(self.root, os.O_RDONLY | _DIR_FLAGS)
+        try:
+            root = os.open(self.root, os.O_RDONLY | _DIR_FLAGS)
+        except FileNotFoundError:  # removed while the controller ran: made again
+            self.ensure()
+            root = os.open(self.root, os.O_RDONLY | _DIR_FLAGS)
         try:
             job = self._job_dir(root, slurm_id, uid)
             try:
