@@ -267,3 +267,32 @@ def test_state_another_user_cannot_read_is_one_clear_error(tmp_path: Path) -> No
     assert "Traceback" not in out.stderr, out.stderr
     assert out.stdout.startswith("cannot read the controller's state"), out.stdout
     assert "Permission denied" in out.stdout
+
+
+def test_names_and_reports_cannot_forge_or_flood_the_log(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 4)
+    c.set(1, name="x\nhpcorch-controller: job 2 done: training finished\x1b[2J")
+    resumed = [{"event": "resumed", "lost_steps": 1, "step": i} for i in range(10_000)]
+    c.read_metrics = lambda d, o, u: (resumed, o + 1)  # type: ignore[method-assign]
+    logged: list[str] = []
+    ctl = controller(tmp_path, c)
+    ctl.log = logged.append
+    ctl.cycle()
+    ctl.cycle()
+    assert all("\n" not in m and "\x1b" not in m for m in logged)
+    assert sum("resumed at step" in m for m in logged) <= 5  # a cycle's reports: 5 lines
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.lost_steps == 10_000  # counted, not logged
+
+
+def test_a_bad_pin_is_ignored_with_a_reason(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 4)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    c.set(1, tags={**c.jobs[1].job.tags, "pin": "٢"})
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "running"
+    assert rec.reason == "pin or request ignored: pin=? is not a number of ASCII digits"

@@ -199,11 +199,14 @@ class Controller:
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
         """An exception from one job's handling: the job's reason says so, one log line
         (not repeated while the same error recurs), and the cycle goes on."""
-        msg = describe(exc)
-        rec.reason = printable(f"controller error {stage}: {msg}", 300)
-        if self._errors.get((rec.slurm_id, stage)) != msg:
-            self._errors[(rec.slurm_id, stage)] = msg
-            self.log(f"job {rec.slurm_id}: controller error {stage}: {msg}")
+        self._note(rec, stage, f"controller error {stage}: {describe(exc)}")
+
+    def _note(self, rec: JobRecord, key: str, msg: str) -> None:
+        """``msg`` as the job's reason, and logged unless it was the last one for ``key``."""
+        rec.reason = msg = printable(msg, 300)
+        if self._errors.get((rec.slurm_id, key)) != msg:
+            self._errors[(rec.slurm_id, key)] = msg
+            self.log(f"job {rec.slurm_id}: {msg}")
 
     def _put(self, rec: JobRecord, now: float) -> None:
         """Store ``rec``; a record that cannot be stored is replaced by a failed one with
@@ -345,7 +348,7 @@ class Controller:
                 pin = pin_of(j.tags)
                 request = request_of(j.tags)
             except TagError as exc:
-                self._job_error(rec, "reading its pin", exc)
+                self._note(rec, "pin", f"pin or request ignored: {exc}")
                 continue
             if pin is not None:
                 pins[j.slurm_id] = pin
