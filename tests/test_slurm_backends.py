@@ -420,8 +420,8 @@ def test_submit_options_from_the_golden_script() -> None:
     }
     held = submit_options("#!/bin/bash\n#SBATCH --hold\necho\n#SBATCH --nodes=9\n")
     assert held == {"script": held["script"], "priority": 0}  # options stop at a command
-    with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--wckey'"):
-        submit_options("#!/bin/bash\n#SBATCH --wckey=x\n")
+    with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--switches'"):
+        submit_options("#!/bin/bash\n#SBATCH --switches=1\n")
 
 
 def test_pyslurm_submit(pyslurm_module: types.ModuleType) -> None:

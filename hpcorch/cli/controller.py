@@ -73,7 +73,13 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
 @click.option("--users", help="Users of a new reservation [default: you].")
 @click.option("--partition", help="Partition of a new reservation.")
-@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="ones", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(sorted(POLICIES)),
+    default="ones",
+    show_default=True,
+    help="The scheduling policy that decides GPUs and batch sizes.",
+)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -89,7 +95,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
-@click.option("--restart-cost", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option(
+    "--restart-cost",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a resize costs a job, as the policy assumes.",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=1),
@@ -97,7 +109,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
-@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--max-retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Relaunches of a failed job (from its last checkpoint) before it is left failed.",
+)
 @click.option(
     "--min-run",
     type=click.FloatRange(min=0),
@@ -105,7 +123,7 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the policy.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option(
     "--spool",
@@ -231,10 +249,16 @@ def _open_store(state_dir: str | None) -> Store:
 @state_dir_option
 def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
+    from hpcorch.cli.status import describe_from_slurm
+
+    if not (controller_dir(state_dir) / STATE_DB).exists():
+        describe_from_slurm(job_id)  # no controller here: what Slurm and the job dir say
+        return
     store = _open_store(state_dir)
     rec = store.job(job_id)
     if rec is None:
-        raise click.ClickException(f"job {job_id} is not known to the controller")
+        describe_from_slurm(job_id)
+        return
     click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
     click.echo(
         f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
@@ -243,6 +267,12 @@ def describe(job_id: int, state_dir: str | None) -> None:
         f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
     )
     click.echo(f"  directory {rec.job_dir or '?'}")
+    budget = fmt_duration(rec.time_budget_s) if rec.time_budget_s else "none"
+    cap = rec.max_relaunches if rec.max_relaunches >= 0 else "no cap"
+    click.echo(
+        f"  run time {fmt_duration(rec.run_total_s)} of budget {budget}; relaunches after "
+        f"checkpoints of its own {rec.time_relaunches} (cap {cap})"
+    )
     mode = rec.mode + (" (detected at launch)" if rec.mode_detected else "")
     if rec.mode == "sidecar":
         movable = "resizable" if rec.movable else rec.fixed_reason()
@@ -329,7 +359,7 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 @click.command()
 @click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
-@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address to serve on.")
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
     """Prometheus metrics: print once, or serve them with --listen PORT."""

@@ -12,6 +12,7 @@ from dataclasses import replace
 from hpcorch.cluster import ObservedJob
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import TagError, parse_tags, printable
+from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
 
 
 def phase_of(j: ObservedJob) -> str:
@@ -82,6 +83,8 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         predictable=int(t.predictable),
         stop_grace_s=float(t.grace_s),
         min_cpus=t.min_cpus or 1,
+        time_budget_s=float(t.budget_s),
+        max_relaunches=DEFAULT_MAX_RELAUNCHES if t.max_relaunches is None else t.max_relaunches,
         uid=j.uid,
     )
     if phase == "starting" and not rec.target_gpus:

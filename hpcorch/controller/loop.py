@@ -227,6 +227,7 @@ class Controller:
             for rec in records:
                 if rec.phase in ("running", "stopping"):
                     rec.gpu_seconds += rec.gpus * dt
+                    rec.run_total_s += dt
         self.last_time = now
 
     def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -40,6 +40,12 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("samples", "data_wait REAL"),
     ),
     3: (
+        ("jobs", "time_budget_s REAL NOT NULL DEFAULT 0"),
+        ("jobs", "max_relaunches INTEGER NOT NULL DEFAULT -1"),
+        ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
+    ),
+    4: (
         ("jobs", "uid INTEGER NOT NULL DEFAULT -1"),
         ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
@@ -49,8 +55,9 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
 open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost", "refused")
-"""refused: the job's comment failed validation; the controller never acts on it."""
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout", "refused")
+"""timeout: the job checkpointed, but its time budget or its cap on relaunches is spent.
+refused: the job's comment failed validation; the controller never acts on it."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -175,12 +182,23 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    time_budget_s: float = 0.0
+    """Run time the job may use across all its launches (0: no budget)."""
+    max_relaunches: int = -1
+    """Relaunches allowed after the job checkpointed on its own (time limit; -1: no cap)."""
+    time_relaunches: int = 0
+    """Relaunches so far after the job checkpointed on its own."""
+    run_total_s: float = 0.0
+    """Run time across all launches so far (running or stopping)."""
     uid: int = -1
     """The Unix user id of the job's owner, as Slurm reports it (-1: unknown)."""
     start_failures: int = 0
     """Starts in a row that failed (the plan could not be written, Slurm refused)."""
     retry_at: float = 0.0
     """A queued job whose start failed is not started again before this time."""
+
+    def budget_spent(self) -> bool:
+        return 0 < self.time_budget_s <= self.run_total_s
 
     @property
     def movable(self) -> bool:

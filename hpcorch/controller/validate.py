@@ -34,6 +34,9 @@ MAX_COUNT = 2**53
 """Largest step, epoch or sample count taken from a metrics line."""
 MAX_SECONDS = 1e7
 """Longest step time, wait or grace (in seconds) taken from a metrics line."""
+MAX_BUDGET_S = 10**9
+"""Longest time budget across launches (about 31 years)."""
+MAX_RELAUNCHES = 10**6
 
 
 class TagError(ValueError):
@@ -115,6 +118,10 @@ class JobTags:
     predictable: bool
     grace_s: int
     min_cpus: int | None
+    budget_s: int
+    """Run time across all launches (0: no budget)."""
+    max_relaunches: int | None
+    """Relaunches after the job checkpointed on its own (None: not given)."""
 
 
 def parse_tags(tags: Mapping[str, str]) -> JobTags:
@@ -141,6 +148,8 @@ def parse_tags(tags: Mapping[str, str]) -> JobTags:
         predictable=tag_choice(tags, "progress", ("yes", "no")) != "no",
         grace_s=tag_int(tags, "grace", 0, MAX_GRACE_S) or 0,
         min_cpus=tag_int(tags, "mincpus", 1, MAX_CPUS_PER_GPU),
+        budget_s=tag_int(tags, "budget", 0, MAX_BUDGET_S) or 0,
+        max_relaunches=tag_int(tags, "relaunches", 0, MAX_RELAUNCHES),
     )
 
 

@@ -26,6 +26,7 @@ from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import IO, Any
 
+from hpcorch.budget import record_relaunch
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
     ENV_ACCUM_STEPS,
@@ -67,6 +68,7 @@ def log(msg: str) -> None:
 class Sidecar:
     def __init__(self, cfg: SidecarConfig, launcher: Sequence[str], cmd: Sequence[str]) -> None:
         self.cfg = cfg
+        self.started = time.time()
         self.launcher = list(launcher)
         self.cmd = list(cmd)
         self.launch = int(os.environ.get(ENV_LAUNCH) or 0)
@@ -445,6 +447,8 @@ class Sidecar:
     def _relaunch(self) -> int:
         if self.cfg.controlled or not self.job_id:
             log("stopped: the controller relaunches it" if self.job_id else "stopped")
+        elif (why := record_relaunch(self.cfg.job_dir, time.time() - self.started)) is not None:
+            log(f"stopped; {why}")
         else:
             log(f"stopped: requeueing job {self.job_id} to resume")
             done = subprocess.run(["scontrol", "requeue", self.job_id], check=False)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
 
 _NODES_RE = re.compile(r"\bNodes=(\S+)")
@@ -84,8 +85,11 @@ class SlurmCLI:
         self._nodes_argv = ["sinfo", "--json"]
 
     # --- plumbing -----------------------------------------------------------------------
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
-        """Run one Slurm command; its stdout, or a SlurmCommandError/SlurmUnavailable."""
+    def run(
+        self, argv: Sequence[str], stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
+        """Run one Slurm command; its stdout, or a SlurmCommandError/SlurmUnavailable.
+        ``env``: the command's environment instead of the backend's."""
         exe = shutil.which(argv[0], path=self.env.get("PATH"))
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
@@ -97,7 +101,7 @@ class SlurmCLI:
                 capture_output=True,
                 text=True,
                 timeout=self.timeout,
-                env=self.env,
+                env=dict(self.env if env is None else env),
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
@@ -171,8 +175,13 @@ class SlurmCLI:
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
-        """sbatch a script given as text; extra sbatch options in ``args``. Returns job id."""
-        out = self.run(["sbatch", "--parsable", *args], stdin=script)
+        """sbatch a script given as text; extra sbatch options in ``args``. Returns job id.
+
+        sbatch runs without the ``SBATCH_*`` variables of this environment: they would
+        override the script's ``#SBATCH`` lines, which carry every option of the job
+        (hpcorch/slurm/options.py takes the useful ones as defaults instead)."""
+        env = without_sbatch_env(self.env)
+        out = self.run(["sbatch", "--parsable", *args], stdin=script, env=env)
         first = out.strip().split(";")[0]
         if not first.isdigit():
             raise SlurmCommandError(f"sbatch printed no job id: {out.strip()!r}")

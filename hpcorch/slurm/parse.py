@@ -93,6 +93,8 @@ class SlurmJob:
     held: bool
     uid: int = -1
     """The owner's Unix user id (-1: not reported)."""
+    account: str = ""
+    qos: str = ""
 
     @property
     def gpus(self) -> int:
@@ -143,6 +145,16 @@ def _base_states(raw_states: tuple[str, ...]) -> tuple[str, ...]:
     return (base, *rest)
 
 
+INFINITE32 = 0xFFFFFFFE
+"""Slurm's INFINITE in a 32-bit field (what 22.05's JSON prints for no time limit)."""
+
+
+def _time_limit(value: Any) -> int:
+    """Minutes of a job's time limit; 0 for none (UNLIMITED, or not set)."""
+    minutes = _num(value, 0)
+    return 0 if minutes >= INFINITE32 or minutes < 0 else minutes
+
+
 def _job(raw: Mapping[str, Any]) -> SlurmJob:
     states = _base_states(_states(raw.get("job_state")))
     tres = raw.get("tres_per_node") or ""
@@ -170,13 +182,15 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         submit_time=_num(raw.get("submit_time")),
         start_time=_num(raw.get("start_time")),
         end_time=_num(raw.get("end_time")),
-        time_limit_min=_num(raw.get("time_limit")),
+        time_limit_min=_time_limit(raw.get("time_limit")),
         restarts=_num(raw.get("restart_cnt")),
         exit_code=_exit_code(raw.get("exit_code")),
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
         uid=_num(raw.get("user_id"), -1),
+        account=str(raw.get("account") or ""),
+        qos=str(raw.get("qos") or ""),
     )
 
 
