@@ -65,7 +65,7 @@ def test_a_job_with_bad_tags_is_refused_once_and_the_others_run(tmp_path: Path) 
     c.set(2, tags={**c.jobs[2].job.tags, "batch": HUGE})
     logged: list[str] = []
     ctl = controller(tmp_path, c)
-    ctl.log = logged.append
+    ctl.log = ctl.warn = logged.append
     for _ in range(3):
         ctl.cycle()
     bad = ctl.store.job(2)
@@ -130,7 +130,7 @@ def test_an_exception_from_one_job_is_recorded_against_it(tmp_path: Path) -> Non
     c.broken_metrics.add("/jobs/1")
     logged: list[str] = []
     ctl = controller(tmp_path, c)
-    ctl.log = logged.append
+    ctl.log = ctl.warn = logged.append
     for _ in range(4):
         ctl.cycle()
     one, two = ctl.store.job(1), ctl.store.job(2)
@@ -158,7 +158,7 @@ def test_a_start_that_cannot_write_its_plan_backs_off_and_gives_up(tmp_path: Pat
     c.full.add(1)
     logged: list[str] = []
     ctl = controller(tmp_path, c)
-    ctl.log = logged.append
+    ctl.log = ctl.warn = logged.append
     ctl.cycle()
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "queued" and rec.start_failures == 1
@@ -277,7 +277,7 @@ def test_names_and_reports_cannot_forge_or_flood_the_log(tmp_path: Path) -> None
     c.read_metrics = lambda d, o, u: (resumed, o + 1)  # type: ignore[method-assign]
     logged: list[str] = []
     ctl = controller(tmp_path, c)
-    ctl.log = logged.append
+    ctl.log = ctl.warn = logged.append
     ctl.cycle()
     ctl.cycle()
     assert all("\n" not in m and "\x1b" not in m for m in logged)

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import logging
 import os
 import signal
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
+from hpcorch import logsetup
+from hpcorch.cli import params
+from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
-from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError, SlurmCommandError
@@ -35,15 +37,21 @@ from hpcorch.status import fmt_duration, render_table
 state_dir_option = click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="Controller state directory [default: $HPCORCH_HOME/controller].",
 )
 
 
 @contextmanager
 def _lock(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
     path = directory / "controller.lock"
-    fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot use {exc.filename or path} as the controller's state: {exc.strerror}"
+        ) from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -68,11 +76,16 @@ def _lock(directory: Path) -> Iterator[None]:
     "--reservation",
     default="hpcorch",
     show_default=True,
+    type=params.Name(),
     help="The Slurm reservation that is the pool (created if missing).",
 )
-@click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
-@click.option("--users", help="Users of a new reservation [default: you].")
-@click.option("--partition", help="Partition of a new reservation.")
+@click.option(
+    "--nodes",
+    type=params.NameList(hostlist=True),
+    help="Nodes for a new reservation, e.g. n[1-4] [default: the partition's].",
+)
+@click.option("--users", type=params.NameList(), help="Users of a new reservation [default: you].")
+@click.option("--partition", type=params.Name(), help="Partition of a new reservation.")
 @click.option(
     "--policy",
     type=click.Choice(sorted(POLICIES)),
@@ -82,52 +95,69 @@ def _lock(directory: Path) -> Iterator[None]:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 3600.0),
     default=10.0,
     show_default=True,
     help="Seconds between cycles.",
 )
 @click.option(
+    "--fast-interval",
+    type=params.Number(0.05, 60.0),
+    default=0.25,
+    show_default=True,
+    help="Seconds between cycles while a job is starting or stopping.",
+)
+@click.option(
+    "--max-calls",
+    type=params.Number(0.1, 1000.0),
+    default=8.0,
+    show_default=True,
+    help="Slurm calls per second the fast cycles make at most.",
+)
+@click.option(
     "--round",
     "round_s",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
 @click.option(
     "--restart-cost",
-    type=click.FloatRange(min=0),
+    type=params.Number(0.0, 86400.0),
     default=30.0,
     show_default=True,
     help="Seconds a resize costs a job, as the policy assumes.",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=1),
+    type=params.Number(1.0, 86400.0),
     default=120.0,
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
 @click.option(
     "--max-retries",
-    type=click.IntRange(min=0),
+    type=params.Integer(0, 1000),
     default=2,
     show_default=True,
     help="Relaunches of a failed job (from its last checkpoint) before it is left failed.",
 )
 @click.option(
     "--min-run",
-    type=click.FloatRange(min=0),
+    type=params.Number(0.0, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the policy.")
+@click.option(
+    "--seed", type=params.SEED, default=0, show_default=True, help="Random seed of the policy."
+)
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option(
     "--spool",
     envvar="HPCORCH_SPOOL",
+    type=params.StateDir(writable=True),
     help="Where the controller writes each job's plan, on a file system the nodes share "
     "[default: STATE_DIR/jobs].",
 )
@@ -137,6 +167,21 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Take over a state directory kept for another reservation (its jobs are then lost).",
 )
 @state_dir_option
+@click.option(
+    "--log-level",
+    type=click.Choice(logsetup.LEVELS),
+    default="info",
+    show_default=True,
+    help="Least severe log lines written.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logsetup.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line (for Loki, Elasticsearch).",
+)
+@config_option("HPCORCH_CONTROLLER_CONFIG")
 def controller(
     reservation: str,
     nodes: str | None,
@@ -144,6 +189,8 @@ def controller(
     partition: str | None,
     policy: str,
     interval: float,
+    fast_interval: float,
+    max_calls: float,
     round_s: float,
     restart_cost: float,
     grace: float,
@@ -154,8 +201,12 @@ def controller(
     spool: str | None,
     adopt: bool,
     state_dir: str | None,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run the controller: hold the pool, schedule its jobs, until SIGTERM."""
+    logsetup.configure("hpcorch-controller", log_level, log_format)
+    log = logging.getLogger("hpcorch.controller")
     directory = controller_dir(state_dir)
     spool_root = Path(spool).expanduser().resolve() if spool else directory / "jobs"
     with _lock(directory):
@@ -176,13 +227,19 @@ def controller(
             raise click.ClickException(f"cannot prepare {exc.filename}: {exc.strerror}") from exc
         store.set_meta("reservation", reservation)
         pool = cluster.reservation_nodes()
-        click.echo(
-            f"hpcorch-controller: {done} reservation '{reservation}' ({len(pool)} nodes); "
-            f"policy {policy}; state in {directory}; plans in {spool_root}",
-            err=True,
+        log.info(
+            "%s reservation '%s' (%d nodes); policy %s; state in %s; plans in %s",
+            done,
+            reservation,
+            len(pool),
+            policy,
+            directory,
+            spool_root,
         )
         config = LoopConfig(
             interval_s=interval,
+            fast_interval_s=fast_interval,
+            max_calls_per_s=max_calls,
             round_s=round_s,
             restart_cost_s=restart_cost,
             settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),
@@ -191,7 +248,7 @@ def controller(
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: Any) -> None:
-            click.echo(f"hpcorch-controller: {signal.Signals(signum).name}: stopping", err=True)
+            log.info("%s: stopping", signal.Signals(signum).name)
             stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -238,14 +295,20 @@ def _prepare_spool(directory: Path, spool: Path) -> None:
 
 
 def _open_store(state_dir: str | None) -> Store:
+    path = controller_dir(state_dir) / STATE_DB
+    if path.exists() and not os.access(path, os.R_OK):
+        raise click.ClickException(
+            f"cannot read the controller's state {path}: permission denied (ask the site for "
+            "read access, e.g. the controller's group)"
+        )
     try:
-        return Store(controller_dir(state_dir) / STATE_DB, readonly=True)
+        return Store(path, readonly=True)
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=params.JOB_ID)
 @state_dir_option
 def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
@@ -259,7 +322,10 @@ def describe(job_id: int, state_dir: str | None) -> None:
     if rec is None:
         describe_from_slurm(job_id)
         return
+    slurm = _slurm_view(job_id)
     click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
+    if slurm:
+        click.echo(f"  Slurm: {slurm}")
     click.echo(
         f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
         f"{rec.global_batch or rec.batch} = {rec.micro_batch or '?'} x {rec.accum_steps} x "
@@ -318,13 +384,38 @@ def describe(job_id: int, state_dir: str | None) -> None:
     )
 
 
+def _slurm_view(job_id: int) -> str:
+    """What Slurm says of the job (squeue, else sacct); "" if it cannot be asked."""
+    from hpcorch.slurm.history import with_history
+
+    try:
+        backend = make_backend()
+        jobs = with_history([j for j in backend.jobs() if j.job_id == job_id], [job_id], backend)
+    except HpcorchError:
+        return ""
+    if not jobs:
+        return ""
+    j = jobs[0]
+    parts = [j.state, f"user {j.user}", f"partition {j.partition or '-'}"]
+    for label, value in (("account", getattr(j, "account", "")), ("qos", getattr(j, "qos", ""))):
+        if value:
+            parts.append(f"{label} {value}")
+    if j.nodes:
+        parts.append(f"nodes {j.nodes}")
+    if j.reservation:
+        parts.append(f"reservation {j.reservation}")
+    if j.state not in ("PENDING", "RUNNING"):
+        parts.append(f"exit code {j.exit_code}")
+    return ", ".join(parts)
+
+
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--gpus", type=click.IntRange(min=1), help="Pin the job to this many GPUs.")
+@click.argument("job_id", type=params.JOB_ID)
+@click.option("--gpus", type=params.GPUS, help="Pin the job to this many GPUs.")
 @click.option("--auto", is_flag=True, help="Remove a pin: the policy decides again.")
 def resize(job_id: int, gpus: int | None, auto: bool) -> None:
     """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
@@ -358,40 +449,36 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 
 @click.command()
-@click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
-@click.option("--address", default="127.0.0.1", show_default=True, help="Address to serve on.")
+@click.option("--listen", type=params.Integer(1, 65535), help="Serve them on this port instead.")
+@click.option(
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    type=params.Address(),
+    help="Address to serve them on.",
+)
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
-    """Prometheus metrics: print once, or serve them with --listen PORT."""
+    """Prometheus metrics: print once, or serve them with --listen PORT (needs
+    prometheus-client: pip install 'hpcorch[prometheus]')."""
+    from hpcorch.controller import prom
+
     path = controller_dir(state_dir) / STATE_DB
-    if listen is None:
-        store = _open_store(state_dir)
-        click.echo(render_metrics(store), nl=False)
-        return
-    _open_store(state_dir).close()  # fail now, clearly, if there is no state
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            store = Store(path, readonly=True)
-            try:
-                body = render_metrics(store).encode()
-            finally:
-                store.close()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, listen), Handler)
-    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.server_close()
+        if listen is None:
+            click.echo(prom.render_metrics(_open_store(state_dir)), nl=False)
+            return
+        _open_store(state_dir).close()  # fail now, clearly, if there is no state
+        reg = prom.registry(lambda: Store(path, readonly=True))
+        server, thread = prom.client().start_http_server(listen, address, registry=reg)
+    except HpcorchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {address}:{listen}: {exc.strerror}") from exc
+    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with suppress(KeyboardInterrupt):
+        stop.wait()
+    server.shutdown()
+    thread.join(5)

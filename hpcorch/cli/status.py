@@ -5,10 +5,11 @@ from __future__ import annotations
 import getpass
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.cli.argtypes import JOB_ID, JOB_ID_LIST, NAME_LIST, flatten
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
@@ -100,10 +101,11 @@ def _check_phases(phases: tuple[str, ...]) -> tuple[str, ...]:
     help="Columns: squeue's %-format ('%.8i %j %T %M') or field names "
     "('jobid,name,phase,gpus'); implies no pool section.",
 )
-@click.option("--watch", type=click.FloatRange(min=0.5, max=86400), help="Refresh every N seconds.")
+@click.option("--watch", type=params.Number(0.5, 86400.0), help="Refresh every N seconds.")
 @click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="The controller's state directory, for its view of the jobs.",
 )
 def status(
@@ -185,6 +187,10 @@ def gather(filters: Filters, state_dir: str | None) -> tuple[list[PoolRow], list
         _, default = backend.partitions()
     except HpcorchError as exc:
         raise _fail(exc) from exc
+    from hpcorch.slurm.history import controller_job_ids, with_history
+
+    # the controller's jobs squeue has forgotten, from sacct
+    jobs = with_history(jobs, controller_job_ids(controller_dir(state_dir) / STATE_DB), backend)
     managed, pool_nodes = managed_jobs(state_dir)
     rows = job_rows(
         jobs,
@@ -205,9 +211,18 @@ def _status_text(
     as_json: bool, filters: Filters, state_dir: str | None, fmt: str | None, noheader: bool
 ) -> str:
     pool, rows = gather(filters, state_dir)
+    from hpcorch.controller.usage import read_usage, render_usage
+
+    usage = read_usage(controller_dir(state_dir) / STATE_DB)  # GPU time by user
     if as_json:
-        return json.dumps(status_document(pool, rows), indent=2)
-    return render_status(pool, rows, fmt, header=not noheader, show_pool=not (fmt or noheader))
+        doc = status_document(pool, rows)
+        if usage is not None:
+            doc["usage"] = [asdict(u) for u in usage]
+        return json.dumps(doc, indent=2)
+    text = render_status(pool, rows, fmt, header=not noheader, show_pool=not (fmt or noheader))
+    if usage is None or fmt or noheader:
+        return text
+    return text + "\n\n" + render_usage(usage)
 
 
 # --- cancel ----------------------------------------------------------------------------

@@ -17,10 +17,12 @@ free for others, and is retried after an exponential back-off, a bounded number 
 from __future__ import annotations
 
 import json
-import sys
+import logging
+import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from hpcorch.cluster import Cluster, Observation
 from hpcorch.controller import adopt, reconcile
@@ -34,17 +36,25 @@ from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
+ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     interval_s: float = 10.0
     """Seconds between cycles."""
-    fast_interval_s: float = 1.0
+    fast_interval_s: float = 0.25
     """Seconds between cycles while a transition is in flight (a job starting or
     stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
-    it, not at the next full cycle."""
+    it, not at the next full cycle. These fast cycles observe and move the state machines;
+    they read the metrics of jobs in transition only (every job's at least every
+    ``interval_s``)."""
+    max_calls_per_s: float = 8.0
+    """Slurm calls per second the fast cycles may make at most (0: no bound): a cycle
+    that made n calls is followed by at least n / max_calls_per_s seconds."""
+    fast_for_s: float = 300.0
+    """A transition is polled fast for at most this long (a job left pending by Slurm
+    for longer is looked at every ``interval_s``)."""
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
@@ -53,8 +63,22 @@ class LoopConfig:
     settings: Settings = field(default_factory=Settings)
 
 
+logger = logging.getLogger("hpcorch.controller")
+_JOB_RE = re.compile(r"job (\d+)\b")
+
+
+def _extra(msg: str) -> dict[str, Any]:
+    """The Slurm job a line is about, as a field of its own (JSON logs: a label)."""
+    m = _JOB_RE.match(msg)
+    return {"slurm_job_id": int(m.group(1))} if m else {}
+
+
 def _log(msg: str) -> None:
-    print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
+    logger.info("%s", msg, extra=_extra(msg))
+
+
+def _warn(msg: str) -> None:
+    logger.warning("%s", msg, extra=_extra(msg))
 
 
 def describe(exc: BaseException) -> str:
@@ -85,13 +109,16 @@ class Controller:
         store: Store,
         policy: Policy,
         config: LoopConfig | None = None,
-        log: Callable[[str], None] = _log,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.store = store
         self.policy = policy
         self.config = config or LoopConfig()
-        self.log = log
+        self.log = log or _log
+        """Where the controller's lines go (tests pass their own; default: logging)."""
+        self.warn = log or _warn
+        """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None
         self.last_decision_s = 0.0
@@ -99,11 +126,19 @@ class Controller:
         self._history_ids: set[int] = set()
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
+        self._flight: bool | None = None
+        """Whether the last cycle left a transition in flight (None: no cycle yet)."""
+        self._known: set[int] | None = None
+        """Slurm ids of the jobs in the store (read once, then kept up to date)."""
+        self._plan_batch: dict[int, int] = {}
+        """The global batch of the plan each running launch has (this controller's writes)."""
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
 
     # --- one cycle ----------------------------------------------------------------------
-    def cycle(self) -> CycleStats:
+    def cycle(self, full: bool = True) -> CycleStats:
+        """One cycle. ``full=False``: a fast cycle, which reads only the metrics of jobs in
+        transition (what moves their state machines)."""
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
@@ -128,12 +163,15 @@ class Controller:
                 rec.retry_at = 0.0  # its back-off is over: schedule it again
                 changed = True
         self._account(records, now)
-        samples = self._read_metrics(records)
+        self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
         if changed or now - self.last_round >= self.config.round_s:
+            samples = {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
             decision_s, acts = self._schedule(obs, records, samples, now)
             pending += acts
             self.last_round = now
+        claims = reconcile.start_claims(records, pool_nodes)
+        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         with self.store.transaction():
             for rec in records:
                 self._put(rec, now)
@@ -163,21 +201,26 @@ class Controller:
             for n in obs.nodes
         ]
         self.store.set_meta("pool", json.dumps(pool))
+        self.store.set_meta("reservation_end", repr(obs.pool_ends_at) if obs.pool_ends_at else "")
+        window = self.config.fast_for_s
+        self._flight = any(
+            r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
+        )
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
         """Records for jobs seen for the first time, and for lost jobs seen again."""
-        known = self.store.phases()
+        if self._known is None:
+            self._known = self.store.job_ids()
+        lost = self.store.lost_ids()
+        seen = [j for j in obs.jobs if j.slurm_id not in self._known or j.slurm_id in lost]
         changed = False
         with self.store.transaction():
-            for j in obs.jobs:
-                have = known.get(j.slurm_id)
-                if have is not None and have[0] != "lost":
-                    continue
+            for j in seen:
                 who = f"job {j.slurm_id} ({printable(j.name)}, {printable(j.user, 32)})"
                 try:
-                    old = self.store.job(j.slurm_id) if have is not None else None
+                    old = self.store.job(j.slurm_id) if j.slurm_id in lost else None
                     if old is not None and j.tags.get("id", str(j.slurm_id)) == old.job_key:
                         rec = adopt.readopt(old, j, now)
                         what = f"reappeared in Slurm ({j.state.lower()}): re-adopted as"
@@ -188,9 +231,10 @@ class Controller:
                     rec = adopt.refused(j, now, f"controller error: {describe(exc)}")
                     what = "joined the pool:"
                 self._put(rec, now)
+                self._known.add(j.slurm_id)
                 changed = True
                 if rec.phase == "refused":
-                    self.log(f"{who} {rec.reason}")
+                    self.warn(f"{who} {rec.reason}")
                 else:
                     self.log(f"{who} {what} {rec.phase}")
         return changed
@@ -230,7 +274,7 @@ class Controller:
                     rec.run_total_s += dt
         self.last_time = now
 
-    def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:
+    def _read_metrics(self, records: Sequence[JobRecord]) -> None:
         new: list[Sample] = []
         for rec in records:
             if rec.phase not in ("running", "stopping") or not rec.job_dir:
@@ -255,7 +299,6 @@ class Controller:
         if new:
             with self.store.transaction():
                 self.store.add_samples(new)
-        return {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
 
     # --- scheduling ---------------------------------------------------------------------
     def _schedule(
@@ -272,6 +315,7 @@ class Controller:
         # a queued job backing off after a failed start is not planned: its GPUs go to others
         active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
         pins, requests = self._requests(obs, active)
+        tags = {j.slurm_id: j.tags for j in obs.jobs}
         t0 = time.perf_counter()
         try:
             snapshot = build_snapshot(
@@ -284,6 +328,7 @@ class Controller:
                 self.config.round_s,
                 self.config.restart_cost_s,
                 requests,
+                obs.fair_shares,
             )
             t0 = time.perf_counter()
             plan = split_schedule(self.policy, snapshot)
@@ -294,7 +339,7 @@ class Controller:
             msg = f"policy {self.policy.name} {what}, plan ignored: {describe(exc)}"
             if self._errors.get((0, "policy")) != msg:
                 self._errors[(0, "policy")] = msg
-                self.log(msg)
+                self.warn(msg)
             self.last_decision_s = time.perf_counter() - t0
             return self.last_decision_s, []
         self._errors.pop((0, "policy"), None)
@@ -316,6 +361,7 @@ class Controller:
             gpus = jp.gpus if jp else 0
             if jp is not None:
                 rec.target_batch = jp.global_batch
+            live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
             try:
                 out = reconcile.decide(
                     rec,
@@ -325,6 +371,8 @@ class Controller:
                     pool_nodes,
                     self.config.settings,
                     jp.cpus_per_gpu if jp else 0,
+                    self._plan_batch.get(rec.slurm_id, 0),
+                    live and bool(rec.job_dir),
                 )
             except Exception as exc:
                 self._job_error(rec, "carrying out its plan", exc)
@@ -358,6 +406,23 @@ class Controller:
         return pins, requests
 
     # --- carrying out ---------------------------------------------------------------------
+    def _must_wait(
+        self,
+        rec: JobRecord,
+        a: Action,
+        obs: Observation,
+        now: float,
+        claims: Mapping[int, Mapping[str, int]],
+    ) -> bool:
+        """A start that must wait (reconcile.start_wait) stays held in phase starting;
+        it is tried again every cycle."""
+        if a.kind != "start" or a.shape is None:
+            return False
+        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        if why:
+            rec.reason = why
+        return bool(why)
+
     def _intent(self, rec: JobRecord, a: Action) -> int:
         to = a.shape.gpus if a.shape else rec.target_gpus
         return self.store.add_decision(
@@ -368,18 +433,34 @@ class Controller:
         try:
             if a.kind == "start":
                 assert a.shape is not None
+                batch = max(rec.target_batch or rec.batch, a.shape.gpus)
                 self.cluster.write_plan(
                     rec.slurm_id,
                     LaunchPlan(
-                        global_batch=max(rec.target_batch or rec.batch, a.shape.gpus),
+                        global_batch=batch,
                         gpus=a.shape.gpus,
                         max_micro_batch=max(1, rec.max_micro),
                         job=rec.job_key,
                         launch=rec.launches,
+                        placement=tuple(zip(a.shape.node_names, a.shape.per_node, strict=False)),
                     ),
                     rec.uid,
                 )
                 self.cluster.start(rec.slurm_id, a.shape)
+                self._plan_batch[rec.slurm_id] = batch
+            elif a.kind == "rebatch":  # same launch, same GPUs: no Slurm call
+                self.cluster.write_plan(
+                    rec.slurm_id,
+                    LaunchPlan(
+                        global_batch=rec.target_batch,
+                        gpus=rec.gpus,
+                        max_micro_batch=max(1, rec.max_micro),
+                        job=rec.job_key,
+                        launch=max(0, rec.launches - 1),
+                    ),
+                    rec.uid,
+                )
+                self._plan_batch[rec.slurm_id] = rec.target_batch
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
@@ -393,7 +474,7 @@ class Controller:
             if a.kind == "start":
                 self._start_failed(rec, msg)
             else:
-                self.log(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
+                self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
 
     def _start_failed(self, rec: JobRecord, why: str) -> None:
         """Back to the queue with its GPUs released, retried after an exponential back-off;
@@ -414,30 +495,57 @@ class Controller:
                 f"in {delay:.0f} s",
                 400,
             )
-        self.log(f"job {rec.slurm_id}: {rec.reason}")
+        self.warn(f"job {rec.slurm_id}: {rec.reason}")
         self._put(rec, now)
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
-        """A transition is under way: some job is starting or stopping."""
-        return any(r.phase in ("starting", "stopping") for r in self.store.jobs(active_only=True))
+        """A transition is under way: some job is starting or stopping (for at most
+        ``fast_for_s``)."""
+        if self._flight is None:
+            now = self.cluster.now()
+            return any(
+                r.phase in ("starting", "stopping") and now - r.phase_since < self.config.fast_for_s
+                for r in self.store.jobs(active_only=True)
+            )
+        return self._flight
 
-    def next_interval(self) -> float:
-        """Seconds to the next cycle: short while a transition is in flight."""
-        if self.in_flight():
-            return min(self.config.fast_interval_s, self.config.interval_s)
-        return self.config.interval_s
+    def next_interval(self, calls: int = 0) -> float:
+        """Seconds to the next cycle: short while a transition is in flight, but no more
+        than ``max_calls_per_s`` Slurm calls a second (``calls``: the last cycle's)."""
+        if not self.in_flight():
+            return self.config.interval_s
+        fast = min(self.config.fast_interval_s, self.config.interval_s)
+        if self.config.max_calls_per_s > 0:
+            fast = max(fast, calls / self.config.max_calls_per_s)
+        return fast
 
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
+        """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
+        between while a transition is in flight."""
         backoff = self.config.interval_s
+        last_full = -1e18
+        clock = self.cluster.now
         while not should_stop():
-            t0 = time.monotonic()
+            t0 = clock()
+            full = t0 - last_full >= self.config.interval_s
             try:
-                self.cycle()
+                stats = self.cycle(full=full)
                 backoff = self.config.interval_s
             except Exception as exc:
-                self.log(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
+                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue
-            sleep(max(0.0, self.next_interval() - (time.monotonic() - t0)))
+            if full:
+                last_full = t0
+            wait = self.next_interval(stats.slurm_calls)
+            if not self.in_flight():  # the next full cycle is due interval_s after this one
+                wait = max(0.0, last_full + self.config.interval_s - t0)
+            sleep(max(0.0, wait - (clock() - t0)))
+
+
+def _in_transition(rec: JobRecord) -> bool:
+    """A job whose reports move its state machine: starting, stopping, or running but not
+    yet reported its start (it cannot be signalled before)."""
+    return rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready)

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -45,7 +45,8 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
     ),
-    4: (
+    4: (("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),),
+    5: (
         ("jobs", "uid INTEGER NOT NULL DEFAULT -1"),
         ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
@@ -102,6 +103,43 @@ CREATE TABLE IF NOT EXISTS cycles(
     actions INTEGER NOT NULL
 );
 """
+
+
+TOTALS_KEY = "cycle_totals"
+CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the cycle-duration histogram."""
+DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+"""Upper bounds (seconds) of the policy-decision histogram (rounds only)."""
+
+
+def _observe(hist: dict[str, Any], bounds: tuple[float, ...], value: float) -> None:
+    counts = hist.setdefault("counts", [0] * len(bounds))
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            counts[i] += 1
+    hist["count"] = hist.get("count", 0) + 1
+    hist["sum"] = hist.get("sum", 0.0) + value
+
+
+def add_to_totals(totals: dict[str, Any], c: CycleStats | None) -> dict[str, Any]:
+    """``totals`` with cycle ``c`` counted in (None: just filled with zeros). Histogram
+    counts are cumulative per bucket, as Prometheus wants them."""
+    totals.setdefault("cycles", 0)
+    totals.setdefault("slurm_calls", 0)
+    for key, bounds in (("cycle_seconds", CYCLE_BUCKETS), ("decision_seconds", DECISION_BUCKETS)):
+        hist = totals.setdefault(key, {})
+        hist["bounds"] = list(bounds)
+        if len(hist.setdefault("counts", [0] * len(bounds))) != len(bounds):
+            hist["counts"] = [0] * len(bounds)  # bounds changed: start the buckets afresh
+        hist.setdefault("count", 0)
+        hist.setdefault("sum", 0.0)
+    if c is not None:
+        totals["cycles"] += 1
+        totals["slurm_calls"] += c.slurm_calls
+        _observe(totals["cycle_seconds"], CYCLE_BUCKETS, c.seconds)
+        if c.decision_s > 0:  # a cycle without a scheduling round decided nothing
+            _observe(totals["decision_seconds"], DECISION_BUCKETS, c.decision_s)
+    return totals
 
 
 class StateError(HpcorchError):
@@ -196,6 +234,10 @@ class JobRecord:
     """Starts in a row that failed (the plan could not be written, Slurm refused)."""
     retry_at: float = 0.0
     """A queued job whose start failed is not started again before this time."""
+
+    node_gpus: str = ""
+    """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
+    on every node."""
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
@@ -332,7 +374,10 @@ class Store:
             )
 
     def _migrate(self, version: int) -> None:
-        for v in range(version + 1, SCHEMA_VERSION + 1):
+        # Every version's columns are checked (each is added only where missing), so a
+        # store whose number was set by another line of development gains what it lacks.
+        del version
+        for v in range(1, SCHEMA_VERSION + 1):
             for table, column in _ADDED_COLUMNS.get(v, ()):
                 have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
                 if column.split()[0] not in have:
@@ -367,6 +412,10 @@ class Store:
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
         return [_job(r) for r in rows]
 
+    def job_ids(self) -> set[int]:
+        """The Slurm ids of every job the store knows."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs")}
+
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()
         return None if r is None else _job(r)
@@ -378,6 +427,10 @@ class Store:
         self.db.execute(
             f"INSERT OR REPLACE INTO jobs({cols}) VALUES({marks})", list(values.values())
         )
+
+    def lost_ids(self) -> set[int]:
+        """The Slurm ids of the jobs marked lost (they are re-adopted if Slurm shows them)."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs WHERE phase='lost'")}
 
     def phases(self) -> dict[int, tuple[str, str]]:
         """Every known job's phase and key, by Slurm id: one query."""
@@ -442,6 +495,13 @@ class Store:
             (c.time, c.seconds, c.decision_s, c.slurm_calls, c.jobs, c.actions),
         )
         self.db.execute("DELETE FROM cycles WHERE id <= (SELECT MAX(id) FROM cycles) - 10000")
+        totals = add_to_totals(json.loads(self.get_meta(TOTALS_KEY) or "{}"), c)
+        self.set_meta(TOTALS_KEY, json.dumps(totals))
+
+    def cycle_totals(self) -> dict[str, Any]:
+        """Counts and latency histograms over every cycle since the state was created
+        (the cycles table keeps only the last 10000): what the metrics' counters read."""
+        return add_to_totals(json.loads(self.get_meta(TOTALS_KEY) or "{}"), None)
 
     def recent_cycles(self, n: int = 100) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT ?", (n,))

@@ -92,6 +92,10 @@ class JobView:
     """False for a job that reports no progress: no throughput model can be fitted."""
     resizable: bool = True
     """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
+    weight: float = 1.0
+    """The job's claim relative to the others (mean 1): its user's fair share split over
+    the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every
+    policy orders (or scores) by it; all 1 when every user counts the same."""
 
     @property
     def running(self) -> bool:

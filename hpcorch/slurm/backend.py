@@ -11,17 +11,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.options import without_sbatch_env
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
+from hpcorch.slurm.parse import (
+    SACCT_FIELDS,
+    SlurmJob,
+    SlurmNode,
+    SlurmReservation,
+    parse_nodes,
+    parse_reservation,
+    parse_sacct,
+    parse_squeue,
+    parse_sshare,
+)
 
-_NODES_RE = re.compile(r"\bNodes=(\S+)")
+RESERVATION_DURATION = "3650-00:00:00"
+"""How long a new reservation lasts: ten years, renewed by the controller long before it
+ends. Slurm 22.05 turns Duration=infinite into 365 days, and refuses 100 years."""
 
 
 class SlurmBackend(Protocol):
@@ -34,13 +47,29 @@ class SlurmBackend(Protocol):
         ...
 
     # queries
-    def jobs(self) -> list[SlurmJob]: ...
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job Slurm knows, or only those of ``reservation``."""
+        ...
+
     def nodes(self) -> list[SlurmNode]: ...
     def partitions(self) -> tuple[list[str], str | None]: ...
     def reservations(self) -> dict[str, list[str]]: ...
     def reservation_nodes(self, name: str) -> list[str]:
         """The nodes of reservation ``name`` ([] if it has none); an error naming
         "not found" if there is no such reservation."""
+        ...
+
+    def reservation(self, name: str) -> SlurmReservation:
+        """Reservation ``name``; an error naming "not found" if there is none."""
+        ...
+
+    def fair_shares(self) -> dict[str, float]:
+        """User -> Slurm's FairShare factor (0..1); empty without accounting."""
+        ...
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        """Jobs from Slurm's accounting (sacct), for ids squeue no longer lists; [] when
+        accounting is not enabled."""
         ...
 
     # actions
@@ -53,10 +82,12 @@ class SlurmBackend(Protocol):
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
-        GPU if given."""
+        GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
+        :func:`shape_args`)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -70,8 +101,30 @@ class SlurmBackend(Protocol):
     def create_reservation(
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
-        """An open-ended reservation of ``nodes`` for ``users`` that ignores running jobs."""
+        """A reservation of ``nodes`` for ``users`` that ignores running jobs and lasts
+        ``RESERVATION_DURATION`` (the controller extends it before it ends)."""
         ...
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        """Move the end of reservation ``name`` to ``end_time`` (Unix time)."""
+        ...
+
+
+def check_slurm_conf(env: Mapping[str, str]) -> None:
+    """A SLURM_CONF that names no readable file: Slurm's commands would wait up to a minute
+    and then blame slurmctld; say what is wrong instead."""
+    conf = env.get("SLURM_CONF")
+    if conf is None:
+        return
+    if not conf.strip():
+        raise SlurmUnavailable("SLURM_CONF is set but empty: unset it or name slurm.conf")
+    try:
+        with open(conf, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise SlurmUnavailable(
+            f"SLURM_CONF={conf!r} cannot be read ({exc.strerror}): name this cluster's slurm.conf"
+        ) from None
 
 
 class SlurmCLI:
@@ -93,13 +146,15 @@ class SlurmCLI:
         exe = shutil.which(argv[0], path=self.env.get("PATH"))
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
+        check_slurm_conf(self.env)
         self.calls += 1
         try:
             proc = subprocess.run(
                 [exe, *argv[1:]],
                 input=stdin,
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="replace",  # a binary slurm.conf makes Slurm echo its bytes
                 timeout=self.timeout,
                 env=dict(self.env if env is None else env),
                 check=False,
@@ -130,9 +185,10 @@ class SlurmCLI:
         return doc
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
-        """Every job slurmctld knows (22.05 ignores squeue's filters with --json anyway)."""
-        return parse_squeue(self._json(["squeue", "--json"]))
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
+        filters with --json: the others are dropped before they are parsed)."""
+        return parse_squeue(self._json(["squeue", "--json"]), reservation)
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json(self._nodes_argv)
@@ -160,12 +216,32 @@ class SlurmCLI:
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
 
-    def reservation_nodes(self, name: str) -> list[str]:
-        out = self.scontrol("show", "reservation", name)
-        m = _NODES_RE.search(out)
-        if not m or m.group(1) == "(null)":
+    def reservation(self, name: str) -> SlurmReservation:
+        out = self.scontrol("-o", "show", "reservation", name)
+        for line in out.splitlines():
+            found = parse_reservation(line)
+            if found is not None and found.name == name:
+                return found
+        raise SlurmCommandError(f"scontrol failed: reservation {name} not found")
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        if not job_ids:
             return []
-        return self.scontrol("show", "hostnames", m.group(1)).split()
+        ids = ",".join(str(int(i)) for i in sorted(set(job_ids)))
+        try:
+            out = self.run(["sacct", "-X", "-P", "-n", "-j", ids, "-o", SACCT_FIELDS])
+        except SlurmCommandError as exc:
+            if "accounting" in str(exc).lower() and "disabled" in str(exc).lower():
+                return []  # no slurmdbd: squeue is all there is
+            raise
+        return parse_sacct(out)
+
+    def fair_shares(self) -> dict[str, float]:
+        return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))
+
+    def reservation_nodes(self, name: str) -> list[str]:
+        nodes = self.reservation(name).nodes
+        return expand_nodelist(nodes) if nodes else []
 
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
@@ -202,15 +278,12 @@ class SlurmCLI:
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
-        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}"] if cpus_per_gpu > 0 else []
         self.scontrol(
             "update",
             f"jobid={job_id}",
-            f"NumNodes={nodes}-{nodes}",
-            f"TresPerNode=gres:gpu:{gpus_per_node}",
-            *cpus,
-            f"ReqNodeList={','.join(node_names)}",
+            *shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node),
         )
 
     def start_now(self, job_id: int) -> None:
@@ -238,32 +311,65 @@ class SlurmCLI:
             f"Nodes={nodes}",
             f"Users={users}",
             "StartTime=now",
-            "Duration=infinite",
+            f"Duration={RESERVATION_DURATION}",
             "Flags=IGNORE_JOBS",
         ]
         if partition:
             args.append(f"PartitionName={partition}")
         self.scontrol(*args)
 
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end_time))
+        self.scontrol("update", f"ReservationName={name}", f"EndTime={end}")
+
     def scontrol(self, *args: str) -> str:
         """Any scontrol command (arguments as a list, never through a shell)."""
         return self.run(["scontrol", *args])
 
 
+def shape_args(
+    nodes: int,
+    gpus_per_node: int,
+    node_names: Sequence[str] = (),
+    cpus_per_gpu: int = 0,
+    per_node: Sequence[int] = (),
+) -> list[str]:
+    """``scontrol update job`` fields for a pending job's next launch.
+
+    The same GPUs on every node: ``TresPerNode``, which Slurm holds to on each node.
+    Different counts (``per_node`` on ``node_names``): one GPU count for the whole job
+    (``TresPerJob``, i.e. ``--gpus``) on exactly those nodes; Slurm 22.05+ puts one GPU on
+    every node and the rest node by node in its node order, each up to the node's free
+    GPUs (``hpcorch.cluster.fill_gpus``), so the counts are exactly ``per_node`` when the
+    free GPUs leave that one choice, which the controller waits for. The other form is
+    cleared, so a job can go from one to the other between launches.
+
+    CPUs: ``CpusPerTres`` alone does not change the CPUs of an allocation after submit on
+    22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs); the
+    per-node minimum ``MinCPUsNode`` does, and is set to the GPUs' CPUs on each node. For
+    an uneven job Slurm spreads the job's CPUs (GPUs x CPUs per GPU) over its nodes itself
+    (evenly on the local pool: 3 and 3 for 4+2 GPUs at 1 per GPU), and a per-node minimum
+    above that average left the job pending while another job held GPUs on one of its
+    nodes; so the minimum is that average, and the job wrapper gives every task the CPUs
+    per GPU of the leanest node.
+    """
+    counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
+    uneven = len(set(counts)) > 1
+    if uneven:
+        gres = ["TresPerNode=", f"TresPerJob=gres:gpu:{sum(counts)}"]
+    else:
+        gres = ["TresPerJob=", f"TresPerNode=gres:gpu:{gpus_per_node}"]
+    cpus = []
+    if cpus_per_gpu > 0:
+        least = cpus_per_gpu * sum(counts) // len(counts) if uneven else cpus_per_gpu * max(counts)
+        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}", f"MinCPUsNode={max(1, least)}"]
+    return [f"NumNodes={nodes}-{nodes}", *gres, *cpus, f"ReqNodeList={','.join(node_names)}"]
+
+
 def expand_nodelist(nodelist: str) -> list[str]:
-    """n[1-3],gpu-[01-02] -> n1 n2 n3 gpu-01 gpu-02 (the forms Slurm prints)."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodelist):
-        m = re.fullmatch(r"(.*)\[(.*)\]", part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, ranges = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{i:0{len(lo)}d}")
-    return out
+    """``gpu-a[001-002],rack[1-2]-n01`` -> every node name (``hpcorch.hostlist.expand``);
+    raises ``HostlistError`` (a ValueError) for a list Slurm would not print."""
+    return hostlist.expand(nodelist)
 
 
 def _first_error_line(stderr: str) -> str:

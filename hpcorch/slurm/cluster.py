@@ -2,8 +2,8 @@
 ``SlurmBackend`` (Slurm's commands by default, or pyslurm).
 
 With the command-line backend a cycle's observation costs two Slurm calls
-(``squeue --json``, ``sinfo --json``), plus ``scontrol show reservation`` and
-``scontrol show hostnames`` every ``reservation_ttl`` seconds. Jobs are filtered
+(``squeue --json``, ``sinfo --json``), plus one ``scontrol show reservation``
+every ``reservation_ttl`` seconds (extended when it nears its end). Jobs are filtered
 client-side: Slurm 22.05's ``--json`` ignores filters. Plans go to the controller's spool
 and metrics are read from the jobs' directories without following links
 (hpcorch/slurm/files.py).
@@ -11,6 +11,7 @@ and metrics are read from the jobs' directories without following links
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -20,14 +21,25 @@ from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE
-from hpcorch.slurm.backend import SlurmBackend, expand_nodelist
+from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
 from hpcorch.slurm.script import parse_comment
 
+logger = logging.getLogger("hpcorch.controller")
+
+DAY = 86400.0
+RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
+RENEW_BEFORE_S = 30 * DAY
+"""A reservation that ends sooner than this is extended to ``RESERVATION_S`` from now."""
+WARN_EVERY_S = 3600.0
+
 
 class SlurmCluster:
-    """The pool held as a Slurm reservation."""
+    """The pool held as a Slurm reservation. The reservation is read every
+    ``reservation_ttl`` seconds; one that ends within ``RENEW_BEFORE_S`` is extended, and
+    one that cannot be extended (the controller may not update it) is a warning in the log
+    every hour, with the time left."""
 
     def __init__(
         self,
@@ -45,6 +57,13 @@ class SlurmCluster:
         self._pool_nodes: tuple[str, ...] = ()
         self._pool_read_at = -1e18
         self._spool_swept_at = -1e18
+        self._cpus_per_gpu: dict[int, int] = {}
+        """CPUs per GPU each job of the pool asked for, as last observed."""
+        self.pool_ends_at = 0.0
+        """When the reservation ends (Unix time; 0: never or unknown)."""
+        self._warned_at = -1e18
+        self.fair_shares: dict[str, float] = {}
+        """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
 
     @property
     def calls(self) -> int:
@@ -56,12 +75,58 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            names = self.backend.reservation_nodes(self.reservation)
+            res = self.backend.reservation(self.reservation)
+            try:
+                names = expand_nodelist(res.nodes) if res.nodes else []
+            except ValueError as exc:
+                raise HpcorchError(f"reservation '{self.reservation}': {exc}") from exc
             if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
             self._pool_nodes = tuple(names)
             self._pool_read_at = time.monotonic()
+            self.pool_ends_at = res.end_time
+            self._keep_open(time.time())
+            try:
+                self.fair_shares = self.backend.fair_shares()
+            except HpcorchError as exc:  # sshare missing or refused: every user counts the same
+                if self.fair_shares:
+                    logger.warning("cannot read Slurm's fair shares (%s): equal shares", exc)
+                self.fair_shares = {}
         return self._pool_nodes
+
+    def _keep_open(self, now: float) -> None:
+        """Extend the reservation when it ends within RENEW_BEFORE_S; warn if it cannot."""
+        end = self.pool_ends_at
+        if not end or end - now > RENEW_BEFORE_S:
+            return
+        try:
+            self.backend.extend_reservation(self.reservation, now + RESERVATION_S)
+            renewed = self.backend.reservation(self.reservation).end_time
+        except HpcorchError as exc:
+            renewed, why = 0.0, str(exc)
+        else:
+            why = f"Slurm still reports it ending {_date(renewed)}"
+        if renewed - now > RENEW_BEFORE_S:
+            self.pool_ends_at = renewed
+            logger.info(
+                "reservation '%s' would have ended %s: extended to %s",
+                self.reservation,
+                _date(end),
+                _date(renewed),
+            )
+            return
+        if now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            logger.warning(
+                "reservation '%s' ends %s (in %.1f days) and could not be extended (%s): "
+                "no job can start in the pool after that; extend it with scontrol update "
+                "ReservationName=%s EndTime=...",
+                self.reservation,
+                _date(end),
+                max(0.0, end - now) / DAY,
+                why,
+                self.reservation,
+            )
 
     def ensure_reservation(self, nodes: str, users: str, partition: str | None) -> str:
         """Adopt the reservation if it exists, else create it. Returns what was done."""
@@ -78,8 +143,12 @@ class SlurmCluster:
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
         pool = self.reservation_nodes()
-        jobs = self.backend.jobs()
-        by_name = {n.name: n for n in self.backend.nodes()}
+        jobs = self.backend.jobs(self.reservation)
+        listed = self.backend.nodes()
+        by_name = {n.name: n for n in listed}
+        # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
+        rank = {n.name: i for i, n in enumerate(listed)}
+        pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
         nodes = tuple(
             PoolNode(
                 name=name,
@@ -87,15 +156,31 @@ class SlurmCluster:
                 gpus_used=by_name[name].gpus_used if name in by_name else 0,
                 usable=by_name[name].usable if name in by_name else False,
                 cpus=by_name[name].cpus if name in by_name else 0,
+                cpus_used=by_name[name].cpus_used if name in by_name else 0,
             )
             for name in pool
         )
         observed = []
+        cpus_per_gpu: dict[int, int] = {}
         for j in jobs:
-            tags = parse_comment(j.comment)
-            if tags is None or j.reservation != self.reservation:
+            if j.reservation != self.reservation:
                 continue
-            names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            tags = parse_comment(j.comment)
+            if tags is None:
+                continue
+            try:
+                names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            except ValueError:  # a node list Slurm should never print: not this job's fault
+                names = ()
+            names = names if j.state != "PENDING" else ()
+            per_node = j.gpus_by_node if names and len(j.gpus_by_node) == len(names) else ()
+            per_gpu = j.gpus_per_node
+            if per_node:
+                per_gpu = max(per_node)
+            elif not per_gpu and j.gpus_per_job and names:
+                per_gpu = j.gpus_per_job // len(names)
+            if j.cpus_per_gpu:
+                cpus_per_gpu[j.job_id] = j.cpus_per_gpu
             observed.append(
                 ObservedJob(
                     slurm_id=j.job_id,
@@ -104,8 +189,8 @@ class SlurmCluster:
                     state=j.state,
                     held=j.held,
                     reason=j.reason,
-                    node_names=names if j.state != "PENDING" else (),
-                    gpus_per_node=j.gpus_per_node,
+                    node_names=names,
+                    gpus_per_node=per_gpu,
                     restarts=j.restarts,
                     exit_code=j.exit_code,
                     submit_time=float(j.submit_time),
@@ -113,10 +198,18 @@ class SlurmCluster:
                     tags=tags,
                     end_time=float(j.end_time),
                     uid=j.uid,
+                    per_node=per_node,
                 )
             )
+        self._cpus_per_gpu = cpus_per_gpu
         self._sweep_spool(j.job_id for j in jobs)
-        return Observation(time=time.time(), nodes=nodes, jobs=tuple(observed))
+        return Observation(
+            time=time.time(),
+            nodes=nodes,
+            jobs=tuple(observed),
+            pool_ends_at=self.pool_ends_at,
+            fair_shares=dict(self.fair_shares),
+        )
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
         """Remove the plans of jobs Slurm no longer lists (every ``reservation_ttl``)."""
@@ -127,8 +220,14 @@ class SlurmCluster:
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
+        cpus = shape.cpus_per_gpu or self._cpus_per_gpu.get(slurm_id, 0)
         self.backend.set_shape(
-            slurm_id, shape.nodes, shape.gpus_per_node, shape.node_names, shape.cpus_per_gpu
+            slurm_id,
+            shape.nodes,
+            shape.gpus_per_node,
+            shape.node_names,
+            cpus,
+            shape.per_node if not shape.even else (),
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
@@ -166,3 +265,7 @@ class SlurmCluster:
 
     def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         return read_lines(f"{job_dir.rstrip('/')}/{METRICS_FILE}", offset, uid)
+
+
+def _date(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))

@@ -11,6 +11,7 @@ all of them; ``tests/fixtures/`` holds one document per version.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -93,12 +94,20 @@ class SlurmJob:
     held: bool
     uid: int = -1
     """The owner's Unix user id (-1: not reported)."""
+    gpus_by_node: tuple[int, ...] = ()
+    """GPUs allocated on each node of ``nodes`` (Slurm's node order), while it holds them."""
+    gpus_per_job: int = 0
+    """A GPU count for the whole job (``--gpus``), 0 when it asked per node."""
+    cpus_per_gpu: int = 0
+    """CPUs per GPU it asked for (``--cpus-per-gpu``), 0 when not given."""
     account: str = ""
     qos: str = ""
 
     @property
     def gpus(self) -> int:
-        return self.gpus_per_node * self.node_count
+        if self.gpus_by_node:
+            return sum(self.gpus_by_node)
+        return self.gpus_per_job or self.gpus_per_node * self.node_count
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,7 @@ class SlurmNode:
     gpus: int
     gpus_used: int
     reason: str
+    cpus_used: int = 0
 
     @property
     def usable(self) -> bool:
@@ -145,6 +155,20 @@ def _base_states(raw_states: tuple[str, ...]) -> tuple[str, ...]:
     return (base, *rest)
 
 
+def _tres(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return ",".join(str(t) for t in value) if isinstance(value, Sequence) else ""
+
+
+def gpus_by_node(detail: Any) -> tuple[int, ...]:
+    """GPUs per node from a job's ``gres_detail`` (one string per allocated node, e.g.
+    ``gpu:4(IDX:0-3)`` or ``gpu:a100:2(IDX:0-1),mps:50``)."""
+    if not isinstance(detail, Sequence) or isinstance(detail, str):
+        return ()
+    return tuple(gpus_in(str(d)) for d in detail)
+
+
 INFINITE32 = 0xFFFFFFFE
 """Slurm's INFINITE in a 32-bit field (what 22.05's JSON prints for no time limit)."""
 
@@ -157,9 +181,7 @@ def _time_limit(value: Any) -> int:
 
 def _job(raw: Mapping[str, Any]) -> SlurmJob:
     states = _base_states(_states(raw.get("job_state")))
-    tres = raw.get("tres_per_node") or ""
-    if not isinstance(tres, str):
-        tres = ",".join(str(t) for t in tres)
+    tres = _tres(raw.get("tres_per_node"))
     node_count = _num(raw.get("node_count"), 0)
     if not node_count and isinstance(raw.get("nodes"), str) and raw["nodes"]:
         node_count = 1
@@ -189,14 +211,21 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
         uid=_num(raw.get("user_id"), -1),
+        gpus_by_node=gpus_by_node(raw.get("gres_detail")),
+        gpus_per_job=gpus_in(_tres(raw.get("tres_per_job"))),
+        cpus_per_gpu=gpus_in(_tres(raw.get("cpus_per_tres"))),
         account=str(raw.get("account") or ""),
         qos=str(raw.get("qos") or ""),
     )
 
 
-def parse_squeue(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    """Jobs from a ``squeue --json`` document (any supported version)."""
-    return [_job(j) for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:
+    """Jobs from a ``squeue --json`` document (any supported version); only those of
+    ``reservation`` when given (a site's queue holds many other jobs: they are not parsed)."""
+    jobs = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+    if reservation is not None:
+        jobs = [j for j in jobs if j.get("resv_name") == reservation]
+    return [_job(j) for j in jobs]
 
 
 def _node(raw: Mapping[str, Any]) -> SlurmNode:
@@ -213,9 +242,113 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
         gpus=gpus_in(str(raw.get("gres") or "")),
         gpus_used=gpus_in(str(raw.get("gres_used") or "")),
         reason=str(raw.get("reason") or ""),
+        cpus_used=_num(raw.get("alloc_cpus")),
     )
 
 
 def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
     """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
     return [_node(n) for n in doc.get("nodes") or [] if isinstance(n, Mapping)]
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    """One reservation as ``scontrol -o show reservation`` prints it."""
+
+    name: str
+    nodes: str
+    """Slurm's hostlist (empty if the reservation has no nodes)."""
+    end_time: float
+    """Unix time it ends (0: unknown)."""
+    flags: tuple[str, ...]
+    users: str
+
+
+def parse_sshare(text: str) -> dict[str, float]:
+    """User -> FairShare factor from ``sshare -a -n -P -o User,FairShare`` (the largest
+    of a user's associations; account lines, with no user, are skipped). Empty when
+    every factor is 0: Slurm's priority/basic computes none."""
+    shares: dict[str, float] = {}
+    for line in text.splitlines():
+        user, _, value = line.strip().partition("|")
+        try:
+            factor = float(value)
+        except ValueError:
+            continue
+        if user and 0.0 <= factor <= 1.0:
+            shares[user] = max(shares.get(user, 0.0), factor)
+    if not any(shares.values()):
+        return {}  # priority/basic computes no fair share: every factor reads 0
+    return shares
+
+
+def slurm_time(text: str) -> float:
+    """Unix time of Slurm's local ``YYYY-MM-DDTHH:MM:SS`` (0 for Unknown, None, ...)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return 0.0
+
+
+def parse_reservation(line: str) -> SlurmReservation | None:
+    """A reservation from one line of ``scontrol -o show reservation`` (None if the line
+    names none)."""
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    name = fields.get("ReservationName")
+    if not name:
+        return None
+    nodes = fields.get("Nodes", "")
+    flags = fields.get("Flags", "")
+    return SlurmReservation(
+        name=name,
+        nodes="" if nodes == "(null)" else nodes,
+        end_time=slurm_time(fields.get("EndTime", "")),
+        flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
+        users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
+    )
+
+
+SACCT_FIELDS = (
+    "JobID,JobName,User,State,Partition,Reservation,NodeList,NNodes,AllocTRES,Submit,Start,End,"
+    "TimelimitRaw,ExitCode,WorkDir,Comment"
+)
+"""``sacct -o`` fields ``parse_sacct`` reads (the comment last: it may hold anything)."""
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """Jobs from ``sacct -X -P -n -o SACCT_FIELDS`` (jobs squeue no longer lists)."""
+    jobs: list[SlurmJob] = []
+    width = SACCT_FIELDS.count(",")
+    for line in text.splitlines():
+        cols = line.split("|", width)
+        if len(cols) != width + 1 or not cols[0].isdigit():
+            continue  # array or het job ids (123_4, 123+0) are not hpcorch's
+        (jid, name, user, state, part, resv, nodes, nnodes, tres, sub, start, end) = cols[:12]
+        limit, exit_code, work_dir, comment = cols[12:]
+        code, _, sig = exit_code.partition(":")
+        count = _num(nnodes, 0)
+        gpus = sum(int(m) for m in re.findall(r"gres/gpu(?::[^=,]+)?=(\d+)", tres))
+        jobs.append(
+            SlurmJob(
+                job_id=int(jid),
+                name=name,
+                user=user,
+                state=(state.split() or ["UNKNOWN"])[0],
+                reason="None",
+                partition=part,
+                nodes="" if nodes in ("None assigned", "(null)") else nodes,
+                node_count=count,
+                gpus_per_node=gpus // count if count else 0,
+                comment=comment,
+                submit_time=int(slurm_time(sub)),
+                start_time=int(slurm_time(start)),
+                end_time=int(slurm_time(end)),
+                time_limit_min=_num(limit, 0),
+                restarts=0,
+                exit_code=128 + _num(sig, 0) if _num(sig, 0) else _num(code, 0),
+                work_dir=work_dir,
+                reservation="" if resv in ("(null)",) else resv,
+                held=False,
+            )
+        )
+    return jobs

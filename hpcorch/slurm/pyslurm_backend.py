@@ -6,7 +6,8 @@ backend when such a pyslurm imports.
 
 Two actions still go through Slurm's commands (``SlurmCLI``), because pyslurm 25.11 does
 not express them: a job's node count cannot be changed through ``Job.modify`` (pyslurm
-applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update``; and
+applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update`` (also
+for a per-job GPU count and a per-node CPU minimum: ``hpcorch.slurm.backend.shape_args``); and
 reservations are created with ``scontrol create reservation`` (once, at controller start).
 
 Submission maps each ``#SBATCH`` line of hpcorch's batch script (the user's options
@@ -29,7 +30,7 @@ from typing import Any, TypeVar
 
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpus_in
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation, gpus_in
 
 T = TypeVar("T")
 
@@ -90,6 +91,15 @@ _LIST_ATTRS = {
 }
 
 
+def _names(value: Any) -> list[str]:
+    """A list attribute that pyslurm may give as a list or as a comma-separated string."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [v for v in value.split(",") if v]
+    return [str(v) for v in value]
+
+
 def gpus_in_gres(value: Any) -> int:
     """GPUs in a pyslurm GRES value: a dict such as ``{"gpu": 4}``,
     ``{"gpu:a100": {"count": 2, "indexes": "0-1"}}``, or a Slurm GRES/TRES string."""
@@ -140,6 +150,27 @@ def base_state(state: str) -> str:
     return state
 
 
+def gpus_by_node_from_pyslurm(job: Any) -> tuple[int, ...]:
+    """GPUs on each allocated node, in the job's node order (pyslurm's resource layout:
+    ``{node: {"cpu_ids": ..., "gres": {"gpu": {"count": 4, ...}}, ...}}``)."""
+    layout_of = getattr(job, "get_resource_layout_per_node", None)
+    if not callable(layout_of):
+        return ()
+    try:
+        layout = layout_of()
+    except (ValueError, TypeError, AttributeError):
+        return ()
+    if not isinstance(layout, Mapping):
+        return ()
+    order = expand_nodelist(_str(job.allocated_nodes))
+    names = [n for n in order if n in layout] or list(layout)
+    out = []
+    for name in names:
+        entry = layout.get(name)
+        out.append(gpus_in_gres(entry.get("gres")) if isinstance(entry, Mapping) else 0)
+    return tuple(out)
+
+
 def job_from_pyslurm(job: Any) -> SlurmJob:
     """A ``pyslurm.Job`` as hpcorch's ``SlurmJob`` (same values ``squeue --json`` gives)."""
     state = base_state(_str(job.state))
@@ -170,6 +201,8 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
         uid=_int(job.user_id) if isinstance(job.user_id, int) else -1,
+        gpus_by_node=gpus_by_node_from_pyslurm(job) if nodes else (),
+        cpus_per_gpu=_int(getattr(job, "cpus_per_gpu", 0)),
         account=_str(getattr(job, "account", "")),
         qos=_str(getattr(job, "qos", "")),
     )
@@ -188,6 +221,7 @@ def node_from_pyslurm(node: Any) -> SlurmNode:
         gpus=gpus_in_gres(node.configured_gres),
         gpus_used=gpus_in_gres(node.alloc_gres),
         reason=_str(node.reason),
+        cpus_used=_int(getattr(node, "alloc_cpus", 0)),
     )
 
 
@@ -277,9 +311,13 @@ class PySlurmBackend:
         return list(collection.values() if hasattr(collection, "values") else collection)
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
-        return [job_from_pyslurm(j) for j in self._values(coll)]
+        return [
+            job_from_pyslurm(j)
+            for j in self._values(coll)
+            if reservation is None or _str(j.reservation) == reservation
+        ]
 
     def nodes(self) -> list[SlurmNode]:
         coll = self._rpc("Nodes.load", lambda: self.pyslurm.Nodes.load())
@@ -303,6 +341,19 @@ class PySlurmBackend:
         if name not in found:
             raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
         return found[name]
+
+    def reservation(self, name: str) -> SlurmReservation:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        for r in self._values(coll):
+            if _str(r.name) == name:
+                return SlurmReservation(
+                    name=name,
+                    nodes=_str(r.nodes) if r.nodes else "",
+                    end_time=float(getattr(r, "end_time", 0) or 0),
+                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                    users=",".join(_names(getattr(r, "users", None))),
+                )
+        raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
@@ -332,8 +383,9 @@ class PySlurmBackend:
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
-        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu)
+        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node)
 
     def start_now(self, job_id: int) -> None:
         self._modify(job_id, begin_time=int(time.time()))
@@ -356,3 +408,12 @@ class PySlurmBackend:
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
         self.cli.create_reservation(name, nodes, users, partition)
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        return self.cli.accounting_jobs(job_ids)  # sacct's records, as with the CLI
+
+    def fair_shares(self) -> dict[str, float]:
+        return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        self.cli.extend_reservation(name, end_time)
