@@ -19,6 +19,7 @@ from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import StateError, Store
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
+from hpcorch.protocol import EXIT_STORAGE
 
 
 @dataclass
@@ -372,3 +373,58 @@ def test_a_bad_plan_or_checkpoint_is_not_retried(tmp_path: Path) -> None:
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "failed" and "not retried" in rec.reason
     assert ("requeue_hold", 1) not in c.log
+
+
+def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool: a job still stopping past the grace period was requeued by force
+    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one."""
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.jobs[1].exit_on_signal = False
+    c.requeue_hold = lambda slurm_id: c.log.append(("requeue_hold", slurm_id))  # type: ignore[method-assign]
+    c.add(2, 4, 4)
+    ctl.cycle()
+    c.t += 31
+    for _ in range(35):  # Slurm keeps showing it running, one cycle a second
+        ctl.cycle()
+        c.t += 1
+    assert c.log.count(("requeue_hold", 1)) == 1
+    c.t += Settings().force_retry_s
+    ctl.cycle()  # still not requeued after a long wait: forced once more
+    assert c.log.count(("requeue_hold", 1)) == 2
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "stopping" and "requeued by force" in rec.reason
+
+
+def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """The runtime exits 74 (EXIT_STORAGE) when the job directory cannot be written: the
+    job's GPUs go back, it is retried after 2, 4, 8, 16 s, and the fifth exit fails it."""
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl = controller(tmp_path, c)
+    for n in range(1, 6):
+        ctl.cycle()
+        assert c.state(1) == "RUNNING"
+        c.set(1, state="FAILED", exit_code=EXIT_STORAGE)
+        ctl.cycle()
+        rec = ctl.store.job(1)
+        assert rec is not None
+        if n == 5:
+            assert rec.phase == "failed" and c.log.count(("start", 1)) == 5
+            assert "cannot be written" in rec.reason and "gave up after 5 tries" in rec.reason
+            return
+        delay = 2.0 * 2 ** (n - 1)
+        assert rec.phase == "queued" and rec.target_gpus == 0, rec.reason
+        assert rec.reason.endswith(f"retry {n}/4 in {delay:.0f} s")
+        starts = c.log.count(("start", 1))
+        c.t += delay - 0.5
+        ctl.cycle()  # still backing off: not started, its GPUs free for others
+        assert c.log.count(("start", 1)) == starts and c.state(1) == "PENDING"
+        c.t += 0.5

@@ -91,7 +91,7 @@ def test_config_file_sets_options_and_flags_override(tmp_path: Path) -> None:
     [
         (
             "bogus = 1\n",
-            "unknown key 'bogus' in .*controller.toml \\(valid: adopt, fast-interval, grace, interval",
+            "unknown key 'bogus' in .*controller.toml \\(valid: adopt, fast-interval, grace",
         ),
         ('interval = "abc"\n', "interval = 'abc': 'abc' is not a number"),
         ("interval = 0.01\n", "'0.01' is not in the range 0.1..3600"),

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
 from hpcorch.controller.store import JobRecord
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE
 from hpcorch.timefmt import fmt_duration
 
 
@@ -33,6 +33,9 @@ from hpcorch.timefmt import fmt_duration
 class Settings:
     grace_s: float = 120.0
     """How long a signalled job may take to checkpoint before it is requeued by force."""
+    force_retry_s: float = 60.0
+    """A forced requeue that Slurm does not show yet (the job still runs) is asked again
+    only after this long: the requeue is forced once, not at every cycle."""
     resignal_s: float = 15.0
     """A signalled job still running after this long is signalled again."""
     max_retries: int = 2
@@ -273,6 +276,9 @@ def _ended(
         out.events.append(f"checkpointed: {why}")
         _relaunch(rec, now, pool_nodes, out, why)
         return
+    if job.exit_code == EXIT_STORAGE:
+        _storage_failed(rec, now, s, out)
+        return
     rec.failures += 1
     what = f"{job.state.lower()} with exit code {job.exit_code}"
     if job.exit_code == EXIT_CONFIG:
@@ -301,6 +307,33 @@ def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
     _set_phase(rec, "timeout", now, f"{why}; not relaunched (resubmit to continue)")
     rec.finished_at = now
     out.events.append(f"timeout: {rec.reason}")
+
+
+def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
+    """The runtime could not write the job directory (EXIT_STORAGE): a lasting condition,
+    backed off like a failed start (GPUs released, retried after 2, 4, 8.. s), the job
+    failed at the ``max_start_failures``-th in a row (a run that reports its start resets
+    the count)."""
+    rec.start_failures += 1
+    n = rec.start_failures
+    what = (
+        f"its job directory cannot be written (exit {EXIT_STORAGE}: no space, read-only or "
+        "permission denied)"
+    )
+    if n >= s.max_start_failures:
+        _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
+        rec.finished_at = now
+        rec.retry_at = 0.0
+        out.events.append(f"failed: {rec.reason}")
+        return
+    delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
+    why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
+    out.events.append(f"retry: {why}")
+    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+    rec.target_gpus = 0
+    rec.retry_at = now + delay
+    _set_phase(rec, "queued", now, why)
+    rec.phase_since = now
 
 
 def _pending(
@@ -363,7 +396,6 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
         rec.ready = 0
-        rec.start_failures = 0
         _set_phase(rec, "running", now, f"launch {rec.launches}")
     if job.node_names:
         rec.gpus = job.gpus
@@ -386,10 +418,15 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         waited = now - rec.phase_since
         grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
         if waited > grace:
-            why = f"no checkpoint within {grace:.0f} s: requeued by force"
-            out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-            out.events.append(f"forced: {why}")
-            rec.reason = why
+            if rec.forced_at < rec.phase_since or now - rec.forced_at >= s.force_retry_s:
+                again = rec.forced_at >= rec.phase_since
+                why = f"no checkpoint within {grace:.0f} s: requeued by force"
+                if again:
+                    why += f" (again: Slurm still showed it {job.state.lower()})"
+                out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+                out.events.append(f"forced: {why}")
+                rec.forced_at = now
+                rec.reason = why
         elif now - rec.signalled_at > s.resignal_s:
             out.actions.append(Action("signal", rec.slurm_id, reason="signal again"))
             rec.signalled_at = now

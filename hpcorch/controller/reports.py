@@ -22,6 +22,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         return None
     if event == "start":
         rec.ready = 1
+        rec.start_failures = 0  # it started for real: failed starts count from 0 again
         epochs = as_int(line.get("epochs"), 1, 10**7)
         size = as_int(line.get("dataset_size"), 1, MAX_COUNT)
         if epochs:
@@ -78,6 +79,7 @@ def _sidecar_event(
         if rec.mode_detected:
             return  # it uses the runtime: ready once the runtime reports its start
         rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
+        rec.start_failures = 0
         rec.mode = "sidecar"
         rec.resumable = _flag(line, "resumable", rec.resumable)
         rec.predictable = _flag(line, "predictable", rec.predictable)

@@ -50,6 +50,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "uid INTEGER NOT NULL DEFAULT -1"),
         ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
+        ("jobs", "forced_at REAL NOT NULL DEFAULT 0"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
@@ -234,6 +235,8 @@ class JobRecord:
     """Starts in a row that failed (the plan could not be written, Slurm refused)."""
     retry_at: float = 0.0
     """A queued job whose start failed is not started again before this time."""
+    forced_at: float = 0.0
+    """When a stopping job was last requeued by force (0: not in this stop)."""
 
     node_gpus: str = ""
     """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
