@@ -343,6 +343,11 @@ def run_unit(s: Site, var_lib: Path, log: Path, *extra: str) -> subprocess.Popen
         env[key] = local(value) if key != "SLURM_CONF" else s.env["SLURM_CONF"]
     argv = shlex.split(unit["ExecStart"][0])
     assert argv[0].endswith("/bin/hpcorch")
+    # --config /etc/hpcorch/controller.toml: the example file as an admin installs it
+    conf = var_lib.parent / "controller.toml"
+    conf.write_text(local((UNIT.parent / "hpcorch-controller.toml").read_text()))
+    conf.chmod(0o644)
+    argv = [str(conf) if a == "/etc/hpcorch/controller.toml" else a for a in argv]
     argv = [PYTHON, "-m", "hpcorch", *argv[1:], *extra]
     rw = [local(p) for v in unit["ReadWritePaths"] for p in v.split()]
     binds = " && ".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)}" for p in rw)
