@@ -40,7 +40,7 @@ from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, log_name, pooled_job
 from hpcorch.joblogs import relaunch_overdue as _overdue
-from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.paths import STATE_DB, controller_dir, spool_dir
 from hpcorch.protocol import METRICS_FILE, PLAN_FILE
 from hpcorch.request import RequestError, build_request, sidecar_spec
 from hpcorch.slurm.backend import SlurmBackend
@@ -230,13 +230,18 @@ class Job:
         """The global batch of the current launch: the controller's plan, else what the
         job last reported, else what it was submitted with."""
         directory = self.job_dir
+        # a pool job's plan is in the controller's spool; an older job's in its directory
+        plans = [spool_dir() / str(self.job_id) / PLAN_FILE]
         if directory is not None:
+            plans.append(directory / PLAN_FILE)
+        for path in plans:
             try:
-                plan = json.loads((directory / PLAN_FILE).read_text())
+                plan = json.loads(path.read_text())
                 if isinstance(plan.get("global_batch"), int):
                     return int(plan["global_batch"])
             except (OSError, ValueError, AttributeError):
                 pass
+        if directory is not None:
             reported = _last_reported_batch(directory / METRICS_FILE)
             if reported:
                 return reported
