@@ -298,3 +298,27 @@ def test_a_bad_pin_is_ignored_with_a_reason(tmp_path: Path) -> None:
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "running"
     assert rec.reason == "pin or request ignored: pin=? is not a number of ASCII digits"
+
+
+def test_an_exception_placing_one_start_holds_only_that_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpcorch.controller import reconcile
+
+    real = reconcile.start_wait
+
+    def start_wait(rec: JobRecord, *args: Any) -> str:
+        if rec.slurm_id == 1:
+            raise KeyError("n9")
+        return real(rec, *args)
+
+    monkeypatch.setattr(reconcile, "start_wait", start_wait)
+    c = FakeCluster()
+    c.add(1, 1, 4)
+    c.add(2, 1, 4)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    one = ctl.store.job(1)
+    assert one is not None and one.reason.startswith("controller error placing its start")
+    assert c.state(1) == "PENDING" and c.state(2) == "RUNNING"

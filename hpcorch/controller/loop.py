@@ -170,7 +170,11 @@ class Controller:
             decision_s, acts = self._schedule(obs, records, samples, now)
             pending += acts
             self.last_round = now
-        claims = reconcile.start_claims(records, pool_nodes)
+        try:
+            claims = reconcile.start_claims(records, pool_nodes)
+        except Exception as exc:
+            self.warn(f"placement claims ignored this cycle: {describe(exc)}")
+            claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         with self.store.transaction():
             for rec in records:
@@ -418,7 +422,11 @@ class Controller:
         it is tried again every cycle."""
         if a.kind != "start" or a.shape is None:
             return False
-        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        try:
+            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        except Exception as exc:  # this job's start waits; the others go on
+            self._job_error(rec, "placing its start", exc)
+            return True
         if why:
             rec.reason = why
         return bool(why)
