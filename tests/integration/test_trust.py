@@ -167,7 +167,7 @@ def test_a_huge_batch_is_refused_and_the_controller_stays_up(
     script = tmp_path / "ok.py"
     script.write_text("print('ok')\n")
     r = env_pool.hpcorch(
-        "submit", str(script), "--pool", res, "--min-gpus", "1", "--batch-size", HUGE, check=False
+        "submit", "--pool", res, "--min-gpus", "1", "--batch-size", HUGE, str(script), check=False
     )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("Error: Invalid value for '--batch-size'")
@@ -406,9 +406,9 @@ def test_the_systemd_unit_runs_the_controller_as_its_own_user(site: Site) -> Non
                 HPCORCH_CONTROLLER_DIR=str(var_lib),
             )
             out = site.as_user(
-                user, PYTHON, "-m", "hpcorch", "submit", str(script), "--pool", "hpcorch",
+                user, PYTHON, "-m", "hpcorch", "submit", "--pool", "hpcorch",
                 "--mode", "managed", "--min-gpus", "1", "--max-gpus", "2", "--batch-size", "32",
-                "--parsable", env=env,
+                "--parsable", str(script), env=env,
             )  # fmt: skip
             jobs[user] = int(out.stdout.strip())
         pool = site_pool(site)
