@@ -310,7 +310,7 @@ def parse_reservation(line: str) -> SlurmReservation | None:
 
 SACCT_FIELDS = (
     "JobID,JobName,User,State,Partition,Reservation,NodeList,NNodes,AllocTRES,Submit,Start,End,"
-    "TimelimitRaw,ExitCode,WorkDir,Comment"
+    "TimelimitRaw,ExitCode,WorkDir,Account,QOS,Comment"
 )
 """``sacct -o`` fields ``parse_sacct`` reads (the comment last: it may hold anything)."""
 
@@ -324,7 +324,7 @@ def parse_sacct(text: str) -> list[SlurmJob]:
         if len(cols) != width + 1 or not cols[0].isdigit():
             continue  # array or het job ids (123_4, 123+0) are not hpcorch's
         (jid, name, user, state, part, resv, nodes, nnodes, tres, sub, start, end) = cols[:12]
-        limit, exit_code, work_dir, comment = cols[12:]
+        limit, exit_code, work_dir, account, qos, comment = cols[12:]
         code, _, sig = exit_code.partition(":")
         count = _num(nnodes, 0)
         gpus = sum(int(m) for m in re.findall(r"gres/gpu(?::[^=,]+)?=(\d+)", tres))
@@ -349,6 +349,8 @@ def parse_sacct(text: str) -> list[SlurmJob]:
                 work_dir=work_dir,
                 reservation="" if resv in ("(null)",) else resv,
                 held=False,
+                account=account,
+                qos=qos,
             )
         )
     return jobs
