@@ -50,6 +50,8 @@ class JobReport:
     batches: list[int]
     final_loss: float | None
     segments: list[Segment] = field(default_factory=list)
+    starting: list[Segment] = field(default_factory=list)
+    """Launches decided but not yet training: queued in Slurm, or loading and joining."""
     marks: list[Mark] = field(default_factory=list)
 
 
@@ -134,7 +136,7 @@ def build(
                 f, to = int(d["from_gpus"]), int(d["to_gpus"])
                 kind = "grow" if to > f else "shrink"
                 marks.append(Mark(_r(float(d["time"]) - origin), kind, f"{f}\u2192{to}"))
-        segments = _segments(mine, sams, origin, job_end, float(j["started_at"]))
+        segments, starting = _segments(mine, sams, origin, job_end, float(j["started_at"]))
         batches: list[int] = []
         prev = 0
         for s in sams:
@@ -159,6 +161,7 @@ def build(
                 batches=batches,
                 final_loss=round(float(losses[-1]), 4) if losses else None,
                 segments=segments,
+                starting=starting,
                 marks=sorted(marks, key=lambda m: m.time),
             )
         )
@@ -175,15 +178,17 @@ def _segments(
     origin: float,
     job_end: float,
     started_at: float,
-) -> list[Segment]:
+) -> tuple[list[Segment], list[Segment]]:
     """The GPUs one job held, launch by launch. A launch runs from when it ran: the first
     launch from when the controller saw it running, a relaunch from its first training
     step (the first step it reported, less the steps it had made by then; one that never
     reported one: its start decision) until Slurm released it (the requeue after a stop),
     the next launch, or the job's end. A start decision alone is not holding GPUs: Slurm
-    may keep the launch pending until others free them."""
+    may keep the launch pending until others free them. Second list: from each start
+    decision to that launch's training."""
     starts = [d for d in mine if d["action"] == "start" and d["status"] == "done"]
     segments: list[Segment] = []
+    starting: list[Segment] = []
     for k, d in enumerate(starts):
         t0 = float(d["done_at"] or d["time"]) - origin
         t_next = float(starts[k + 1]["time"]) - origin if k + 1 < len(starts) else job_end
@@ -202,9 +207,11 @@ def _segments(
         elif first is not None:
             steps = max(1, int(first["step"]) - prev_step)
             start = max(t0, float(first["time"]) - origin - steps * float(first["step_time"]))
+        if start - t0 >= 0.5:
+            starting.append(Segment(_r(t0), _r(min(start, end)), int(d["to_gpus"])))
         if end > start:
             segments.append(Segment(_r(start), _r(end), int(d["to_gpus"])))
-    return segments
+    return segments, starting
 
 
 def _utilisation(jobs: list[JobReport]) -> list[tuple[float, int]]:

@@ -91,7 +91,7 @@ def test_simulation_store(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["/no/such/dir"], "no controller state at /no/such/dir/state.db"),
+        (["/no/such/dir"], "no controller state at /no/such/dir"),
         (["/no/such/state.db"], "no controller state at /no/such/state.db"),
         ([str(DATA / "demo-report.json")], "not a readable controller state"),
         (["--pool-gpus", "0", str(STORE)], "--pool-gpus"),

@@ -41,48 +41,65 @@ def plot(report: Report, out: Path) -> None:
         1,
         figsize=(10, 2.2 + 0.9 * max(len(jobs), 1)),
         sharex=True,
-        gridspec_kw={"height_ratios": [max(len(jobs), 1), 1.6]},
+        gridspec_kw={"height_ratios": [max(len(jobs), 1) * 1.2, 1.6]},
     )
+    span = max(report.end, 1.0)
+    char_w = span / 150  # a 7-point character, in seconds, on a 10-inch figure
     for i, job in enumerate(jobs):
         y = len(jobs) - 1 - i
         colour = COLOURS[i % len(COLOURS)]
-        most = max((s.gpus for s in job.segments), default=1)
+        most = max((s.gpus for s in [*job.segments, *job.starting]), default=1)
+        for s in job.starting:
+            h = 0.8 * s.gpus / max(most, 1)
+            ax.barh(
+                y, s.end - s.start, left=s.start, height=h, color="none", edgecolor=colour,
+                hatch="///", linewidth=0.6,
+            )  # fmt: skip
         for s in job.segments:
             h = 0.8 * s.gpus / max(most, 1)
             ax.barh(y, s.end - s.start, left=s.start, height=h, color=colour, alpha=0.85)
-            if s.end - s.start > 0.04 * max(report.end, 1):
+            if s.end - s.start > 0.04 * span:
                 ax.text(
                     (s.start + s.end) / 2, y, f"{s.gpus}", ha="center", va="center",
                     fontsize=8, color="white", fontweight="bold",
                 )  # fmt: skip
         ax.plot([job.submit], [y], marker="|", color="black", markersize=14)
-        for k, m in enumerate(job.marks):
+        row_end = [-1e18, -1e18, -1e18]  # right end of the last label on each text row
+        for m in job.marks:
             style = {"grow": ("^", "green"), "shrink": ("v", "red"), "batch": ("D", "black")}
             marker, mc = style.get(m.kind, ("o", "grey"))
             ax.plot([m.time], [y + 0.42], marker=marker, color=mc, markersize=7, linestyle="")
-            if m.kind == "batch":
-                ax.annotate(
-                    m.label, (m.time, y + 0.42), xytext=(3, 4 + 9 * (k % 2)),
-                    textcoords="offset points", fontsize=7,
-                )  # fmt: skip
+            if m.kind != "batch":
+                continue
+            free = [r for r in range(len(row_end)) if row_end[r] < m.time]
+            if not free:
+                continue  # no room: the diamond stays, the JSON has every change
+            r = free[0]
+            row_end[r] = m.time + char_w * (len(m.label) + 1)
+            ax.annotate(
+                m.label, (m.time, y + 0.42), xytext=(3, 4 + 9 * r),
+                textcoords="offset points", fontsize=7,
+            )  # fmt: skip
     ax.set_yticks(range(len(jobs)))
     labels = [
         f"{j.name} ({j.job_id})\nJCT {j.jct_s:.0f} s" if j.jct_s is not None else j.name
         for j in reversed(jobs)
     ]
     ax.set_yticklabels(labels, fontsize=8)
-    ax.set_ylim(-0.6, len(jobs) - 0.2)
+    ax.set_ylim(-0.6, len(jobs) + 0.1)
     ax.set_ylabel("job (bar height ~ GPUs)")
     ax.set_title("GPUs per job over time (bars: training, from the first step each launch reports)")
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     handles = [
         Line2D([], [], marker="|", color="black", linestyle="", markersize=10, label="submit"),
         Line2D([], [], marker="^", color="green", linestyle="", label="grow"),
         Line2D([], [], marker="v", color="red", linestyle="", label="shrink"),
         Line2D([], [], marker="D", color="black", linestyle="", label="global batch change"),
+        Patch(facecolor="none", edgecolor="grey", hatch="///", label="starting (queued, loading)"),
     ]
-    fig.legend(handles=handles, loc="lower center", fontsize=8, ncol=4, frameon=False)
+    fig.legend(handles=handles, loc="lower center", fontsize=8, ncol=5, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     if report.utilisation:
         ts = [t for t, _ in report.utilisation] + [report.end]
