@@ -109,3 +109,15 @@ def test_unwritable_picture(tmp_path: Path) -> None:
     code, _, err = run(str(STORE), "--out", str(tmp_path / "no" / "dir" / "r.png"))
     assert code == 1 and "Traceback" not in err
     assert "cannot write" in err.splitlines()[-1]
+
+
+def test_without_matplotlib_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "r.png"
+    code, _, err = run(str(STORE), "--out", str(png))
+    assert code == 1 and "Traceback" not in err and not png.exists()
+    assert "pip install 'hpcorch[plot]'" in err.splitlines()[-1]
+    code, out, _ = run(str(STORE), "--json")  # the data needs no matplotlib
+    assert code == 0 and json.loads(out)["jobs"]
