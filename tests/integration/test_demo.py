@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Pool
-from tests.integration.controller_util import FAST, ControllerProc, submit, wait_for
+from tests.integration.controller_util import ELASTIC, FAST, ControllerProc, submit, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -25,7 +25,13 @@ def test_demo_sequence_grow_shrink_batch(env_pool: Pool, tmp_path: Path) -> None
     )
     ctl.start()
     try:
-        a = submit(env_pool, res, "A", 1, 8, "--epochs", "40", "--sample-delay", "0.002")
+        out = env_pool.hpcorch(
+            "submit", "--pool", res, "--name", "A", "--min-gpus", "1", "--max-gpus", "8",
+            "--batch-size", "64", "--max-batch-size", "256", "--max-per-gpu-batch", "32",
+            "--parsable", str(ELASTIC), "--global-batch", "64", "--samples", "2048",
+            "--epochs", "40", "--sample-delay", "0.002",
+        )  # fmt: skip
+        a = int(out.stdout.strip())
         wait_for("A running", lambda: ctl.phase(a) == "running", 90, ctl.log)
         time.sleep(6)  # A trains alone: samples for the models
         b = submit(env_pool, res, "B", 2, 2, "--epochs", "2", "--sample-delay", "0.002")
