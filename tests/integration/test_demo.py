@@ -47,6 +47,15 @@ def test_demo_sequence_grow_shrink_batch(env_pool: Pool, tmp_path: Path) -> None
         wait_for("B done", lambda: ctl.phase(b) == "done", 240, ctl.log)
         wait_for("A grown back", lambda: any(t > f for _, f, t in moves()[1:]), 120, ctl.log)
 
+        def batches_trained() -> set[int]:
+            store = ctl.store()
+            try:
+                return {s.global_batch for s in store.samples(a)}
+            finally:
+                store.close()
+
+        wait_for("A training at a second batch", lambda: len(batches_trained()) >= 2, 120, ctl.log)
+
         out = env_pool.hpcorch("report", "--state-dir", str(ctl.state), "--json").stdout
         doc = json.loads(out)
         ra = next(j for j in doc["jobs"] if j["job_id"] == a)
