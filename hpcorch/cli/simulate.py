@@ -158,6 +158,13 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
 )
 @click.option(
+    "--keep-state",
+    type=params.PathType(path_type=Path, file_okay=False),
+    default=None,
+    help="Engine controller: keep each run's controller store here as WORKLOAD-POLICY.db "
+    "(for `hpcorch report`).",
+)
+@click.option(
     "--per-job",
     type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
@@ -178,6 +185,7 @@ def simulate(
     engine: str,
     as_json: bool,
     plot: Path | None,
+    keep_state: Path | None,
     per_job: Path | None,
 ) -> None:
     """Simulate scheduling policies on workload CSV files (name,time,application,...).
@@ -203,6 +211,13 @@ def simulate(
             f"{max(cpus_per_gpu, 1)} CPUs",
             param_hint="--cpus-per-node",
         )
+    if keep_state is not None and engine != "controller":
+        raise click.UsageError("--keep-state needs --engine controller")
+    if keep_state is not None:
+        try:
+            keep_state.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.ClickException(f"cannot create {keep_state}: {exc.strerror}") from None
     if engine == "controller" and (demand or cpus_per_gpu):
         raise click.UsageError("--cpu-demand and --cpus-per-gpu need --engine direct")
     config = SimConfig(
@@ -228,9 +243,14 @@ def simulate(
                         seen[0] = done
 
                 bar.label = f"{stem} {name}"
-                run_sim = loop.simulate if engine == "direct" else simulate_controlled
                 try:
-                    run = run_sim(jobs, make_policy(name, seed), apps, config, tick)
+                    if engine == "direct":
+                        run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
+                    else:
+                        kept = keep_state / f"{stem}-{name}.db" if keep_state else None
+                        run = simulate_controlled(
+                            jobs, make_policy(name, seed), apps, config, tick, keep_state=kept
+                        )
                 except (TraceError, RuntimeError) as exc:
                     raise click.ClickException(f"{stem} {name}: {exc}") from None
                 results.append((stem, run))

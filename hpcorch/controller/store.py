@@ -12,7 +12,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -325,8 +325,12 @@ def _job(row: sqlite3.Row) -> JobRecord:
 class Store:
     """Typed access to the state database. One writer (the controller); readers any."""
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path, readonly: bool = False, clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = path
+        self.clock = clock
+        """Time of decisions (the simulator passes its simulated clock)."""
         if readonly:
             try:
                 with open(path, "rb"):
@@ -385,6 +389,15 @@ class Store:
                 have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
                 if column.split()[0] not in have:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+    def backup(self, dest: Path) -> None:
+        """A consistent copy of the whole database at ``dest`` (replaced if there)."""
+        dest.unlink(missing_ok=True)
+        out = sqlite3.connect(dest)
+        try:
+            self.db.backup(out)
+        finally:
+            out.close()
 
     def close(self) -> None:
         self.db.close()
@@ -447,14 +460,14 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO decisions(time, slurm_id, action, from_gpus, to_gpus, global_batch,"
             " detail) VALUES(?,?,?,?,?,?,?)",
-            (time.time(), slurm_id, action, from_gpus, to_gpus, batch, detail),
+            (self.clock(), slurm_id, action, from_gpus, to_gpus, batch, detail),
         )
         return int(cur.lastrowid or 0)
 
     def finish_decision(self, decision_id: int, status: str = "done") -> None:
         self.db.execute(
             "UPDATE decisions SET status=?, done_at=? WHERE id=?",
-            (status, time.time(), decision_id),
+            (status, self.clock(), decision_id),
         )
 
     def decisions(self, slurm_id: int | None = None, status: str | None = None) -> list[Decision]:

@@ -44,11 +44,14 @@ def simulate_controlled(
     checkpoint_s: float = 5.0,
     settings: Settings = SIM_SETTINGS,
     log: Callable[[str], None] = _quiet,
+    keep_state: Path | None = None,
 ) -> SimResult:
     """Run the controller with ``policy`` over a simulated pool until every job finished.
 
     ``interval_s`` (default: the round) is the controller's cycle period; a round is
     scheduled every ``config.round_s`` seconds and whenever a job arrives or ends.
+    ``keep_state``: copy the controller's store there at the end (for ``hpcorch report``;
+    its times are simulated seconds).
     """
     cfg = config or SimConfig()
     interval = interval_s or cfg.round_s
@@ -65,7 +68,7 @@ def simulate_controlled(
     decisions: list[float] = []
     cycles = 0
     with tempfile.TemporaryDirectory(prefix="hpcorch-sim-") as tmp:
-        store = Store(Path(tmp) / "state.db")
+        store = Store(Path(tmp) / "state.db", clock=side.now)
         try:
             ctl = Controller(side, store, policy, loop_cfg, log=log)
             while not side.all_done():
@@ -81,6 +84,9 @@ def simulate_controlled(
                 if on_round is not None:
                     on_round(side.world)
             resizes = sum(r.resizes for r in store.jobs())
+            if keep_state is not None:
+                store.set_meta("total_gpus", str(sum(cfg.node_gpus)))
+                store.backup(keep_state)
         finally:
             store.close()
     results = [
