@@ -59,8 +59,9 @@ def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
     sleeper.chmod(0o755)
     try:
 
-        def submit(*args: str) -> int:
-            return int(env_pool.hpcorch("submit", *args, "--pool", res, "--parsable").stdout)
+        def submit(script: str, *args: str) -> int:
+            out = env_pool.hpcorch("submit", *args, "--pool", res, "--parsable", script)
+            return int(out.stdout)
 
         job = submit(
             str(PROBE), "--name", "probe", "--min-gpus", "6", "--max-gpus", "6",

@@ -48,9 +48,9 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
     record = tmp_path / "seen"
     try:
         out = env_pool.hpcorch(
-            "submit", str(ELASTIC), "--pool", res, "--name", "rb", "--min-gpus", "2",
+            "submit", "--pool", res, "--name", "rb", "--min-gpus", "2",
             "--max-gpus", "2", "--batch-size", "64", "--max-batch-size", "256",
-            "--max-per-gpu-batch", "64", "--parsable", "--", "--global-batch", "64",
+            "--max-per-gpu-batch", "64", "--parsable", str(ELASTIC), "--global-batch", "64",
             "--samples", "1024", "--epochs", "3", "--sample-delay", "0.004",
             "--record", str(record),
         )  # fmt: skip
