@@ -103,6 +103,8 @@ class FakeCluster:
 
     def hold(self, slurm_id: int) -> None:
         self.log.append(("hold", slurm_id))
+        if self.jobs[slurm_id].job.state == "PENDING":  # Slurm holds only pending jobs
+            self.set(slurm_id, held=True)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.log.append(("signal", slurm_id))
@@ -324,6 +326,31 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     ctl.cycle()
     assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+
+
+def test_a_job_requeued_by_slurm_within_the_relaunch_delay_still_restarts(
+    tmp_path: Path,
+) -> None:
+    """Slurm requeues a job after a node failure (pending, not held, its node list naming
+    the dead node) in the second its run ended: the start must wait for the relaunch delay,
+    so the job is held and its start tried again until it goes (it was left pending on the
+    dead node for good: seen on the real pool)."""
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    c.t = 1000.0
+    ctl = controller(tmp_path, c, relaunch_delay_s=1.0)
+    ctl.cycle()
+    ctl.cycle()
+    c.down.add("n1")
+    c.t = 1000.5
+    c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
+    ctl.cycle()  # within the delay: held, not started yet
+    assert c.log[-1] == ("hold", 1) and c.jobs[1].job.held
+    for t in (1000.8, 1001.2, 1002.0):
+        c.t = t
+        ctl.cycle()
+    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
+    assert c.state(1) == "RUNNING"
 
 
 def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(

@@ -357,6 +357,9 @@ def _pending(
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
         shape = target_shape(rec, pool_nodes)
+        # Held first: Slurm would keep it pending on the dead node, and a start that must
+        # wait (the relaunch delay) is only tried again while the job is held in 'starting'.
+        out.actions.append(Action("hold", rec.slurm_id, reason="requeued by Slurm"))
         out.actions.append(
             Action(
                 "start",
