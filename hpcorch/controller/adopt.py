@@ -29,11 +29,18 @@ def phase_of(j: ObservedJob) -> str:
 
 def refused(j: ObservedJob, now: float, why: str) -> JobRecord:
     """The record of a job the controller will not manage, with the reason."""
+    rec = _inert(j.slurm_id, j.name, j.user, j.submit_time or now, "refused", now)
+    rec.reason, rec.uid = f"refused: {printable(why, 200)}", j.uid
+    return rec
+
+
+def _inert(sid: int, name: str, user: str, submitted: float, phase: str, now: float) -> JobRecord:
+    """A record in a final ``phase`` with the smallest valid values: nothing to act on."""
     return JobRecord(
-        slurm_id=j.slurm_id,
-        job_key=str(j.slurm_id),
-        name=printable(j.name),
-        user=printable(j.user, 32),
+        slurm_id=sid,
+        job_key=str(sid),
+        name=printable(name),
+        user=printable(user, 32),
         job_dir="",
         app="",
         min_gpus=1,
@@ -41,12 +48,10 @@ def refused(j: ObservedJob, now: float, why: str) -> JobRecord:
         batch=1,
         max_batch=1,
         max_micro=1,
-        submit_time=j.submit_time or now,
-        phase="refused",
+        submit_time=submitted,
+        phase=phase,
         phase_since=now,
         finished_at=now,
-        reason=f"refused: {printable(why, 200)}",
-        uid=j.uid,
     )
 
 
@@ -119,21 +124,6 @@ def readopt(old: JobRecord, j: ObservedJob, now: float) -> JobRecord:
 def quarantined(rec: JobRecord, now: float) -> JobRecord:
     """A record that can always be stored, for a job whose own record could not be: failed,
     with the reason; the controller no longer acts on the job."""
-    return JobRecord(
-        slurm_id=rec.slurm_id,
-        job_key=str(rec.slurm_id),
-        name=printable(str(rec.name)),
-        user=printable(str(rec.user), 32),
-        job_dir="",
-        app="",
-        min_gpus=1,
-        max_gpus=1,
-        batch=1,
-        max_batch=1,
-        max_micro=1,
-        submit_time=now,
-        phase="failed",
-        phase_since=now,
-        finished_at=now,
-        reason=printable(str(rec.reason), 400),
-    )
+    out = _inert(rec.slurm_id, str(rec.name), str(rec.user), now, "failed", now)
+    out.reason = printable(str(rec.reason), 400)
+    return out
