@@ -6,6 +6,7 @@ account and QOS stay with a job across the controller's resizes (same Slurm job,
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -31,6 +32,12 @@ def _submit(
 
 def _running(pool: Pool, ctl: ControllerProc, job: int) -> bool:
     return pool.state(job) == "RUNNING" and ctl.phase(job) == "running"
+
+
+def _restarts(pool: Pool, job: int) -> int:
+    shown = pool.run("scontrol", "-o", "show", "job", str(job), check=False).stdout
+    found = re.search(r"\bRestarts=(\d+)", shown)
+    return int(found.group(1)) if found else 0
 
 
 def _resized(ctl: ControllerProc, job: int) -> bool:
@@ -66,12 +73,22 @@ def test_account_and_qos_through_submit_and_resize(accounting_pool: Pool, tmp_pa
         wait_for("A running", lambda: _running(pool, ctl, a), 120, ctl.log)
         b = int(_submit(pool, res, 2, 2, "--account", "physics").stdout.strip())
         wait_for("A resized for B", lambda: _resized(ctl, a), 120, ctl.log)
-        wait_for("A running again", lambda: _running(pool, ctl, a), 120, ctl.log)
+        wait_for(
+            "A running again after its requeue",
+            lambda: _running(pool, ctl, a) and _restarts(pool, a) >= 1,
+            120,
+            ctl.log,
+        )
         seen = pool.squeue()
         assert (seen[a]["account"], seen[a]["qos"]) == ("ml", "high"), seen[a]
         assert seen[b]["account"] == "physics", seen[b]
-        out = pool.run("sacct", "-j", str(a), "-X", "-P", "-n", "-o", "Account,QOS").stdout
-        assert out.strip() == "ml|high", out
+
+        def accounted() -> str:  # slurmdbd records the job a moment after slurmctld
+            sacct = ("sacct", "-j", str(a), "-X", "-P", "-n", "-o", "Account,QOS")
+            return pool.run(*sacct, check=False).stdout.strip()
+
+        wait_for("sacct to record A", lambda: accounted() != "", 60, ctl.log)
+        assert set(accounted().splitlines()) == {"ml|high"}, accounted()
         described = pool.hpcorch("describe", str(a), "--state-dir", str(tmp_path / "ctl")).stdout
         assert "account ml" in described and "qos high" in described.lower(), described
     finally:
