@@ -15,7 +15,7 @@ import pytest
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.controller.loop import Controller, LoopConfig
-from hpcorch.controller.reconcile import Settings
+from hpcorch.controller.reconcile import REQUEUE_WAIT_S, Settings
 from hpcorch.controller.store import StateError, Store
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
@@ -103,8 +103,6 @@ class FakeCluster:
 
     def hold(self, slurm_id: int) -> None:
         self.log.append(("hold", slurm_id))
-        if self.jobs[slurm_id].job.state == "PENDING":  # Slurm holds only pending jobs
-            self.set(slurm_id, held=True)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.log.append(("signal", slurm_id))
@@ -323,34 +321,41 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     ctl.cycle()  # still RUNNING as far as Slurm knows: nothing asked of it, no invalid plan
     assert c.log == [("start", 1)]
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)  # Slurm requeued it
+    ctl.cycle()  # left to Slurm a while: the node may come back
+    assert c.log == [("start", 1)]
+    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.t += REQUEUE_WAIT_S
     ctl.cycle()
     assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
-    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    ctl.cycle()
+    assert c.log.count(("start", 1)) == 2  # started once
 
 
-def test_a_job_requeued_by_slurm_within_the_relaunch_delay_still_restarts(
+def test_a_job_requeued_by_slurm_is_left_to_slurm_while_its_node_may_return(
     tmp_path: Path,
 ) -> None:
     """Slurm requeues a job after a node failure (pending, not held, its node list naming
-    the dead node) in the second its run ended: the start must wait for the relaunch delay,
-    so the job is held and its start tried again until it goes (it was left pending on the
-    dead node for good: seen on the real pool)."""
+    the failed node). If the node comes back (slurmd restarted), Slurm starts it there and
+    the controller asks nothing; a job still pending after REQUEUE_WAIT_S is restarted
+    anywhere (it was left pending on the dead node for good: seen on the real pool)."""
     c = FakeCluster()
     c.add(1, 2, 2)
-    c.t = 1000.0
     ctl = controller(tmp_path, c, relaunch_delay_s=1.0)
     ctl.cycle()
     ctl.cycle()
     c.down.add("n1")
-    c.t = 1000.5
+    c.t += 0.5
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
-    ctl.cycle()  # within the delay: held, not started yet
-    assert c.log[-1] == ("hold", 1) and c.jobs[1].job.held
-    for t in (1000.8, 1001.2, 1002.0):
-        c.t = t
-        ctl.cycle()
-    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
-    assert c.state(1) == "RUNNING"
+    ctl.cycle()
+    c.t += 5
+    c.down.discard("n1")
+    c.set(1, state="RUNNING", node_names=("n1",))  # Slurm started it on its node again
+    ctl.cycle()
+    c.t += REQUEUE_WAIT_S
+    ctl.cycle()
+    assert c.log == [("start", 1)]
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "running", rec
 
 
 def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
@@ -370,8 +375,10 @@ def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     c.down.add("n1")
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.t += REQUEUE_WAIT_S
+    ctl.cycle()
+    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
 
 
 def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:

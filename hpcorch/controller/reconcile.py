@@ -64,6 +64,13 @@ class Settings:
     job is left failed."""
 
 
+REQUEUED = "requeued by Slurm"
+REQUEUE_WAIT_S = 30.0
+"""A job Slurm requeued after a node failure is left this long for Slurm to start on its
+old nodes (a node whose slurmd restarts is back within seconds); then it is restarted
+anywhere in the pool, without the node list that names the failed node."""
+
+
 @dataclass(frozen=True)
 class Action:
     """One thing to ask of the cluster."""
@@ -349,25 +356,26 @@ def _pending(
         elif rec.phase == "running":
             _set_phase(rec, "queued", now, "held by its user or an admin")
         return
+    if (
+        rec.phase == "starting"
+        and rec.reason.startswith(REQUEUED)
+        and now - rec.phase_since >= REQUEUE_WAIT_S
+    ):  # requeued by Slurm and still pending on its old nodes: restart it anywhere
+        shape = target_shape(rec, pool_nodes)
+        rec.reason = "restarting anywhere after a node failure"
+        out.actions.append(
+            Action("start", rec.slurm_id, Shape(shape.nodes, shape.gpus_per_node), rec.reason)
+        )
+        return
     # requeued by Slurm (a node failure), also while it was being stopped for a resize
     if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
-        _set_phase(rec, "starting", now, f"requeued by Slurm (restart {job.restarts})")
+        _set_phase(rec, "starting", now, f"{REQUEUED} (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
-        # its node list may name the failed node: let Slurm place it anywhere in the pool
+        # Its node list may name the failed node. Slurm starts it there once the node is
+        # back (a restarted slurmd); if it still waits after REQUEUE_WAIT_S, the controller
+        # restarts it anywhere in the pool (_pending).
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
-        shape = target_shape(rec, pool_nodes)
-        # Held first: Slurm would keep it pending on the dead node, and a start that must
-        # wait (the relaunch delay) is only tried again while the job is held in 'starting'.
-        out.actions.append(Action("hold", rec.slurm_id, reason="requeued by Slurm"))
-        out.actions.append(
-            Action(
-                "start",
-                rec.slurm_id,
-                Shape(shape.nodes, shape.gpus_per_node),
-                "restart anywhere after a node failure",
-            )
-        )
     elif rec.phase in ("queued", "stopping"):
         _set_phase(rec, "starting", now, "released outside the controller")
 
