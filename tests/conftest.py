@@ -68,8 +68,8 @@ class Pool:
 
 def pool_port_base() -> int:
     """The test pool's port base: $HPCORCH_TEST_POOL_PORT, else one of this checkout's own,
-    so that two checkouts on one machine never share a slurmctld. A test's extra pool takes
-    this + 100 (the next block of ports)."""
+    so that two checkouts on one machine never share a slurmctld. The accounting pool takes
+    this + 100 (the next block of ports), the pool script's own tests this + 200."""
     default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
     return int(os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port)))
 
