@@ -8,6 +8,7 @@ usage error (exit code 2), the API raises it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -140,6 +141,10 @@ def sidecar_spec(
         progress_file=str(Path(progress_file).resolve()) if progress_file else None,
         live_batch=bool(live_batch),
     )
+
+
+SIDECAR_KEYS: tuple[str, ...] = tuple(inspect.signature(sidecar_spec).parameters)
+"""The sidecar's options, by the names :func:`sidecar_spec` takes (CLI and API alike)."""
 
 
 def build_request(

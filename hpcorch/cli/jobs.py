@@ -11,7 +11,7 @@ import click
 from hpcorch.cli import params
 from hpcorch.errors import HpcorchError
 from hpcorch.protocol import MAX_GRACE_S
-from hpcorch.request import RequestError, build_request, sidecar_spec
+from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.options import ENV_DEFAULTS, ignored_env
 from hpcorch.submit import submit as submit_job
@@ -194,19 +194,8 @@ def submit(
             "hpcorch (hpcorch's options go before SCRIPT)",
             err=True,
         )
-    sidecar_keys = (
-        "stop_signal",
-        "stop_command",
-        "grace",
-        "ckpt_dir",
-        "resume_args",
-        "resume_cmd",
-        "progress_regex",
-        "progress_file",
-        "live_batch",
-    )
     try:
-        sidecar = sidecar_spec(**{k: options.pop(k) for k in sidecar_keys})
+        sidecar = sidecar_spec(**{k: options.pop(k) for k in SIDECAR_KEYS})
         req = build_request(
             script, script_args, min_gpus=min_gpus, mode=mode, sidecar=sidecar, **options
         )
