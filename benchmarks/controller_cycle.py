@@ -106,7 +106,7 @@ def main() -> None:
 
 
 def run(env: dict[str, str], work: Path, args: argparse.Namespace) -> None:
-    cluster = SlurmCluster(RES, SlurmCLI(env=env))
+    cluster = SlurmCluster(RES, SlurmCLI(env=env), spool=work / "spool")
     cluster.ensure_reservation("n[1-4]", os.environ.get("USER", "root"), None)
     script = work / "sleeper.sh"
     script.write_text("#!/bin/sh\nsleep 3600\n")

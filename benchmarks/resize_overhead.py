@@ -83,6 +83,7 @@ def main() -> None:
         **os.environ,
         "HPCORCH_POOL_DIR": str(pool_dir),
         "HPCORCH_HOME": str(work / "home"),
+        "HPCORCH_SPOOL": str(work / "spool"),  # the controller writes plans there
         "HPCORCH_METRICS_INTERVAL": "1",
         "PYTHONUNBUFFERED": "1",
     }

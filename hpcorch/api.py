@@ -40,9 +40,9 @@ from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, log_name, pooled_job
 from hpcorch.joblogs import relaunch_overdue as _overdue
-from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.paths import STATE_DB, controller_dir, spool_dir
 from hpcorch.protocol import METRICS_FILE, PLAN_FILE
-from hpcorch.request import RequestError, build_request, sidecar_spec
+from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.parse import SlurmJob
@@ -51,16 +51,6 @@ from hpcorch.submit import submit as _submit
 
 __all__ = ["Executor", "Job", "JobError", "RequestError", "submit_function", "submit_script"]
 
-_SIDECAR_KEYS = (
-    "stop_signal",
-    "stop_command",
-    "grace",
-    "ckpt_dir",
-    "resume_args",
-    "resume_cmd",
-    "progress_regex",
-    "progress_file",
-)
 _ALIASES = {"time": "time_limit", "gpus": "min_gpus"}
 
 
@@ -75,7 +65,7 @@ def _valid_options() -> list[str]:
         for p in inspect.signature(build_request).parameters.values()
         if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("sidecar", "environ")
     ]
-    return sorted([*names, *_SIDECAR_KEYS, *_ALIASES])
+    return sorted([*names, *SIDECAR_KEYS, *_ALIASES])
 
 
 def _request_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,7 +73,7 @@ def _request_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     if unknown:
         raise RequestError(f"unknown option {unknown[0]!r} (valid: {', '.join(_valid_options())})")
     opts = {_ALIASES.get(k, k): v for k, v in options.items()}
-    side = {k: opts.pop(k) for k in _SIDECAR_KEYS if k in opts}
+    side = {k: opts.pop(k) for k in SIDECAR_KEYS if k in opts}
     if "resume_args" in side and isinstance(side["resume_args"], str):
         side["resume_args"] = (side["resume_args"],)
     opts["sidecar"] = sidecar_spec(**side)
@@ -230,13 +220,18 @@ class Job:
         """The global batch of the current launch: the controller's plan, else what the
         job last reported, else what it was submitted with."""
         directory = self.job_dir
+        # a pool job's plan is in the controller's spool; an older job's in its directory
+        plans = [spool_dir() / str(self.job_id) / PLAN_FILE]
         if directory is not None:
+            plans.append(directory / PLAN_FILE)
+        for path in plans:
             try:
-                plan = json.loads((directory / PLAN_FILE).read_text())
+                plan = json.loads(path.read_text())
                 if isinstance(plan.get("global_batch"), int):
                     return int(plan["global_batch"])
             except (OSError, ValueError, AttributeError):
                 pass
+        if directory is not None:
             reported = _last_reported_batch(directory / METRICS_FILE)
             if reported:
                 return reported

@@ -59,6 +59,9 @@ class ObservedJob:
     tags: Mapping[str, str] = field(default_factory=dict)
     """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
     end_time: float = 0.0
+    uid: int = -1
+    """The owner's Unix user id (-1: unknown): files the controller reads for the job must
+    be the owner's."""
     per_node: tuple[int, ...] = ()
     """GPUs on each of ``node_names`` (same order) when the cluster reports them, e.g. an
     uneven placement; empty: ``gpus_per_node`` on every node."""
@@ -149,6 +152,12 @@ class Cluster(Protocol):
         """Put a job that ended (or is running: it is killed) back in the queue, held."""
 
     def cancel(self, slurm_id: int) -> None: ...
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None: ...
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
-        """New metric lines of a job since ``offset``, and the offset to continue from."""
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        """Hand a job the plan of its next launch, readable by its owner (``uid``). The
+        Slurm side writes it to the controller's spool, never to a path a user chose."""
+
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
+        """New metric lines of a job since ``offset``, and the offset to continue from.
+        The Slurm side reads only a regular file owned by ``uid``, following no links."""

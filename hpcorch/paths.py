@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from hpcorch.errors import HpcorchError
+from hpcorch.protocol import ENV_SPOOL
 
 WRAPPER_NAME = "hpcorch-run.sbatch"
 
@@ -26,6 +27,15 @@ def controller_dir(given: str | None = None) -> Path:
         return Path(given).expanduser().resolve()
     env = os.environ.get("HPCORCH_CONTROLLER_DIR")
     return Path(env).expanduser().resolve() if env else state_dir() / "controller"
+
+
+def spool_dir(given: str | None = None) -> Path:
+    """The controller's spool, where it writes each job's plan: given, $HPCORCH_SPOOL, or
+    <controller state directory>/jobs. Jobs find their plan at <spool>/<Slurm id>/plan.json."""
+    if given:
+        return Path(given).expanduser().resolve()
+    env = os.environ.get(ENV_SPOOL)
+    return Path(env).expanduser().resolve() if env else controller_dir() / "jobs"
 
 
 def jobs_dir() -> Path:

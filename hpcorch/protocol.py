@@ -134,3 +134,16 @@ BATCH_SCRIPT_FILE = "job.sbatch"
 # --- Slurm conventions -------------------------------------------------------------------
 JOB_COMMENT_TAG = "hpcorch"
 """Every job hpcorch submits carries a Slurm comment starting with this tag."""
+ENV_SPOOL = "HPCORCH_SPOOL"
+"""The controller's spool: it writes each job's plan to <spool>/<Slurm job id>/plan.json."""
+
+# --- bounds on what users give: submit checks them, the controller refuses what is outside --
+MAX_GPUS = 65536
+"""Most GPUs a job may ask for (min, max, pin)."""
+MAX_GLOBAL_BATCH = 2**31 - 1
+"""Largest global (and per-GPU) batch size."""
+MAX_CPUS_PER_GPU = 1024
+MAX_GRACE_S = 7 * 86400
+"""Longest grace period of a sidecar job's stop."""
+MAX_PATH_LENGTH = 1024
+"""Longest job directory the controller accepts."""

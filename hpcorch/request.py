@@ -8,6 +8,7 @@ usage error (exit code 2), the API raises it.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -67,6 +68,21 @@ def max_relaunches_of(value: object) -> int:
     return value
 
 
+MAX_TEXT = 4096
+"""Longest free-text option (a command line, a regex): they go to the job's environment."""
+
+
+def _check_text(text: str, what: str, empty_ok: bool = False) -> None:
+    """Free text that the batch script exports (shlex-quoted): any character a shell
+    variable can hold, so no NUL; bounded; not blank unless ``empty_ok``."""
+    if "\0" in text:
+        raise RequestError(f"{what} may not hold a NUL character")
+    if len(text) > MAX_TEXT:
+        raise RequestError(f"{what} is too long ({len(text)} characters, at most {MAX_TEXT})")
+    if not empty_ok and not text.strip():
+        raise RequestError(f"{what} is empty")
+
+
 def sidecar_spec(
     stop_signal: str | None = None,
     stop_command: str | None = None,
@@ -82,15 +98,28 @@ def sidecar_spec(
     given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex, live_batch)
     if all(v is None for v in given) and not resume_args and progress_file is None:
         return None
+    for text, what in ((stop_command, "--stop-command"), (resume_cmd, "--resume-cmd")):
+        if text is not None:
+            _check_text(text, what)
+    for text in resume_args:
+        _check_text(text, "--resume-arg", empty_ok=True)
+    if progress_regex is not None:
+        _check_text(progress_regex, "--progress-regex")
     try:
         if stop_signal is not None:
             signal_number(stop_signal)
         if progress_regex is not None:
             check_regex(progress_regex)
-        args = tuple(a for text in resume_args for a in shlex.split(text))
-        cmd = tuple(shlex.split(resume_cmd)) if resume_cmd is not None else ()
     except (SidecarError, ValueError) as exc:
         raise RequestError(str(exc)) from exc
+    try:
+        args = tuple(a for text in resume_args for a in shlex.split(text))
+    except ValueError as exc:
+        raise RequestError(f"--resume-arg: {exc} (it is split like a shell line)") from exc
+    try:
+        cmd = tuple(shlex.split(resume_cmd)) if resume_cmd is not None else ()
+    except ValueError as exc:
+        raise RequestError(f"--resume-cmd: {exc} (it is split like a shell line)") from exc
     if grace is not None and (isinstance(grace, bool) or not 0 <= grace <= 86400):
         raise RequestError(f"--grace {grace} is out of range (0 to 86400 seconds)")
     if stop_signal is not None and stop_command is not None:
@@ -112,6 +141,10 @@ def sidecar_spec(
         progress_file=str(Path(progress_file).resolve()) if progress_file else None,
         live_batch=bool(live_batch),
     )
+
+
+SIDECAR_KEYS: tuple[str, ...] = tuple(inspect.signature(sidecar_spec).parameters)
+"""The sidecar's options, by the names :func:`sidecar_spec` takes (CLI and API alike)."""
 
 
 def build_request(
@@ -189,10 +222,10 @@ def build_request(
         time_limit = "UNLIMITED"
     try:
         options: SlurmOptions = make_options(
-            account=account or defaults.get("account"),
-            qos=qos or defaults.get("qos"),
-            mem=mem or defaults.get("mem"),
-            constraint=constraint or defaults.get("constraint"),
+            account=account if account is not None else defaults.get("account"),
+            qos=qos if qos is not None else defaults.get("qos"),
+            mem=mem if mem is not None else defaults.get("mem"),
+            constraint=constraint if constraint is not None else defaults.get("constraint"),
             mail_type=mail_type,
             mail_user=mail_user,
             dependency=dependency,

@@ -96,8 +96,9 @@ class PoolRow:
 
 
 def _int(fields: dict[str, str], key: str) -> int | None:
+    """A tag of the comment as a number, None unless 1-9 ASCII digits (a user writes it)."""
     value = fields.get(key, "")
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() and len(value) < 10 else None
 
 
 def job_rows(

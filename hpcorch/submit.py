@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpcorch.errors import HpcorchError, SubmitError
-from hpcorch.paths import jobs_dir, wrapper_path
+from hpcorch.paths import jobs_dir, spool_dir, wrapper_path
 from hpcorch.protocol import BATCH_SCRIPT_FILE, DEFAULT_MAX_RELAUNCHES, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.options import SlurmOptions
@@ -183,6 +183,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         slurm_options=tuple(req.options.sbatch_lines()),
         time_budget_s=req.time_budget_s,
         max_relaunches=req.max_relaunches,
+        spool=str(spool_dir()) if req.pool is not None else None,
     )
 
 
@@ -204,7 +205,8 @@ def submit(
         only = pools[req.pool]
     shape = pool_shape(backend.nodes(), partition, only)
     job_key = new_job_key(req.name)
-    job_dir = jobs_dir() / job_key
+    # without symbolic links: the controller reads the job's metrics only through plain paths
+    job_dir = jobs_dir().resolve() / job_key
     spec = build_spec(req, shape, job_key, job_dir)
     try:
         text = render_batch_script(spec)

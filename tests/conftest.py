@@ -68,8 +68,8 @@ class Pool:
 
 def pool_port_base() -> int:
     """The test pool's port base: $HPCORCH_TEST_POOL_PORT, else one of this checkout's own,
-    so that two checkouts on one machine never share a slurmctld. A test's extra pool takes
-    this + 100 (the next block of ports)."""
+    so that two checkouts on one machine never share a slurmctld. The accounting pool takes
+    this + 100 (the next block of ports), the pool script's own tests this + 200."""
     default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
     return int(os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port)))
 
@@ -97,6 +97,9 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
     home = tmp_path_factory.mktemp("hpcorch-home")
     env["HPCORCH_HOME"] = str(home)
+    # one spool for every test's controller (each has its own state directory): submit
+    # tells the jobs, and the controllers write their plans there
+    env["HPCORCH_SPOOL"] = str(home / "spool")
     env["PYTHONUNBUFFERED"] = "1"
     pool = Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
     yield pool

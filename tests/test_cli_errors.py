@@ -92,7 +92,7 @@ def test_cancel_needs_a_job_id(no_slurm: Path) -> None:
         (["status", "--watch", "nan"], "'nan' is not a number"),
         (["describe", "99999999999999999999999"], "not in the range"),
         (["cancel", "٣"], "ASCII digits"),
-        (["cancel", "12_3"], "is not a job id"),
+        (["cancel", "12_3"], "array and heterogeneous job ids are not hpcorch jobs"),
         (["controller", "--interval", "nan"], "'nan' is not a number"),
         (["controller", "--interval", "inf"], "'inf' is not a number"),
         (["simulate", "x.csv", "--round", "nan"], "'nan' is not a number"),

@@ -37,6 +37,34 @@ HOSTILE = ("", " ", "\x00", "a\x00b", "$(id)", "'", '"', "\\", "-", "--", "ä", 
            "~0", "~nosuchuser/x")  # fmt: skip
 
 
+NEEDED = {"submit": ("--min-gpus=1",)}
+"""Options a command checks in its body, not in click: without them every call would fail
+on the missing option before the value under test is looked at."""
+
+HOSTILE_SLURM = ("", " ", "\t", "\x00", "a\x00b", "a\nb", "\n", "\r", "\x1b[2J", "a b",
+                 "$(id)", "`id`", "a;id", "'", '"', "#x", "x" * 5000, "ä", "\u200b",
+                 "٣", "３")  # fmt: skip
+"""Values no Slurm option of ``submit`` may take: they would break the ``#SBATCH`` line
+(sbatch reads it without a shell), smuggle a second option in, or are no value at all."""
+BAD_COUNTS = ("٣", "３", "1٣", "-1", "1e3", "nan", "0x10", "1.5", "9" * 40)
+STRICT_TEXT = {
+    "account": HOSTILE_SLURM,
+    "qos": HOSTILE_SLURM,
+    "mem": HOSTILE_SLURM + BAD_COUNTS,
+    "constraint": HOSTILE_SLURM,
+    "mail_type": HOSTILE_SLURM,
+    "mail_user": HOSTILE_SLURM,
+    "dependency": HOSTILE_SLURM,
+    "max_relaunches": HOSTILE_SLURM + BAD_COUNTS,
+    "sbatch_args": HOSTILE_SLURM + tuple("--mem-per-gpu=" + v for v in HOSTILE_SLURM),
+}
+"""submit's plain-string options that reach Slurm: each value here must be refused."""
+FREE_TEXT = ("a\nb", "$(touch pwned)", "`touch pwned`", "a; touch pwned", "'", '"', "\\",
+             "#x", "ä", "\u200b", "\x1b[2J", "a\rb", "x" * 4000, " lead", "a  b")  # fmt: skip
+"""Free text (commands, regexes, script arguments) taken as it is: it must reach the job
+exactly as given, never run by the batch script's shell."""
+
+
 class Hang(BaseException):
     """Raised by the alarm: a BaseException, so that no handler of the CLI swallows it."""
 
@@ -139,6 +167,7 @@ def argv_for(name: str, cmd: click.Command, target: click.Parameter, value: str,
                 args.append(value)
             elif p.required:
                 args.append(good_value(p, home))
+    opts = [*NEEDED.get(name, ()), *opts]
     return [name, *opts, "--", *args] if args else [name, *opts]
 
 
@@ -255,3 +284,71 @@ def test_every_command_is_covered() -> None:
     found = commands()
     assert {"submit", "status", "cancel", "controller", "describe", "metrics"} <= set(found)
     assert sum(len(options(c)) for c in found.values()) >= 40
+
+
+@pytest.mark.parametrize("pname", sorted(STRICT_TEXT))
+def test_slurm_string_options_refuse_hostile_values(pname: str, sandbox: Path) -> None:
+    """Each hostile value of a plain-string option that goes to Slurm is refused before
+    Slurm is asked (no Slurm is on PATH here: a value let through fails on 'sinfo not
+    found' instead), with one Error line naming the option, nothing on disk."""
+    cmd = commands()["submit"]
+    p = next(q for q in cmd.params if q.name == pname)
+    assert isinstance(p, click.Option) and isinstance(p.type, click.types.StringParamType)
+    flag = p.opts[0]
+    problems = []
+    for value in STRICT_TEXT[pname]:
+        argv = argv_for("submit", cmd, p, value, sandbox)
+        before = snapshot(sandbox)
+        result, _ = invoke(argv)
+        assert result is not None, f"{argv!r}: no answer"
+        errors = [ln for ln in result.stderr.splitlines() if ln.startswith("Error")]
+        clean = result.exception is None or isinstance(result.exception, SystemExit)
+        ok = result.exit_code != 0 and clean and len(errors) == 1 and flag in errors[0]
+        if not ok or snapshot(sandbox) != before:
+            problems.append(f"{value[:20]!r}: exit {result.exit_code}, {result.stderr[-200:]!r}")
+    assert not problems, f"{flag}:\n" + "\n".join(problems)
+    # a good value passes the check and reaches Slurm (here: not installed)
+    good = {"mem": "32G", "max_relaunches": "3", "mail_type": "END", "mail_user": "alice",
+            "dependency": "afterok:12",
+            "sbatch_args": "--mem-per-gpu=20G"}.get(pname, "ml")  # fmt: skip
+    result, _ = invoke(argv_for("submit", cmd, p, good, sandbox))
+    assert result is not None and "is Slurm installed" in result.stderr, result
+
+
+def test_free_text_reaches_the_job_as_given(tmp_path: Path) -> None:
+    """Commands, regexes and script arguments are free text: the batch script carries each
+    one shell-quoted, so bash hands it over byte for byte and runs none of it. NUL, a blank
+    command and overlong text are refused with one line."""
+    import re
+    import shlex
+    import subprocess
+
+    from hpcorch.request import RequestError, sidecar_spec
+    from hpcorch.slurm.script import JobSpec, render_batch_script
+
+    for value in FREE_TEXT:
+        quoted = shlex.quote(value)  # --resume-arg is split like a shell line
+        regex = r"(\d+)" + re.escape(value)
+        side = sidecar_spec(stop_command=value, resume_args=(quoted,), progress_regex=regex)
+        assert side is not None
+        spec = JobSpec(
+            job_key="t-20260101-000000-abcd", name="t", script="/x/train.py",
+            script_args=(value, "--", value), nodes=1, gpus_per_node=1, min_gpus=1,
+            max_gpus=1, job_dir="/x/jobs/t", wrapper="/x/run.sbatch", sidecar=side,
+        )  # fmt: skip
+        text = render_batch_script(spec)
+        head, _, command = text.rpartition("\nexec bash ")
+        assert command.endswith("\n")
+        keys = [k for k, _ in side.env()]
+        probe = "\n".join(
+            [head, "printf '%s\\0' " + command] + [f"printf '%s\\0' \"${k}\"" for k in keys]
+        )
+        out = subprocess.run(["bash", "-c", probe], cwd=tmp_path, capture_output=True, check=True)
+        got = out.stdout.decode().split("\0")[:-1]
+        exported = [v for _, v in side.env()]
+        assert got == ["/x/run.sbatch", "/x/train.py", value, "--", value, *exported]
+        assert not (tmp_path / "pwned").exists()
+    for bad in ("a\0b", " ", "x" * 5000):
+        with pytest.raises(RequestError) as err:
+            sidecar_spec(stop_command=bad)
+        assert "\n" not in str(err.value) and "--stop-command" in str(err.value)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpcorch.cluster import Observation, PoolNode
 from hpcorch.controller.snapshot import cpu_profile_of
-from hpcorch.controller.store import SCHEMA_VERSION, Sample, Store
+from hpcorch.controller.store import SCHEMA_VERSION, JobRecord, Sample, Store
 from tests.test_controller_logic import FakeCluster, controller
 
 
@@ -28,7 +30,9 @@ class CpuCluster(FakeCluster):
         )
         return Observation(obs.time, nodes, obs.jobs)
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         lines = self.reports.get(job_dir, [])
         return lines[offset:], len(lines)
 
@@ -109,3 +113,35 @@ def test_an_old_state_database_gains_the_new_columns(tmp_path: Path) -> None:
     store.add_samples([Sample(7, 2.0, 2, 1, 32, 1, 64, 0.5, 128.0, cpus_per_gpu=3)])
     assert store.samples(7)[-1].cpus_per_gpu == 3
     assert store.get_meta("schema") == str(SCHEMA_VERSION)
+
+
+@pytest.mark.parametrize(
+    "columns", [("node_gpus",), ("uid", "start_failures", "retry_at")], ids=["main-4", "trust-4"]
+)
+def test_a_schema_4_store_of_either_line_gains_every_column(
+    tmp_path: Path, columns: tuple[str, ...]
+) -> None:
+    """Schema 4 was numbered twice while two lines of work ran side by side (exact
+    placements: node_gpus; the controller's trust: uid, start_failures, retry_at): a store
+    of either opens at the current schema with all of them (and schema 6's ready_at and
+    samples.epoch), its rows kept."""
+    path = tmp_path / "state.db"
+    store = Store(path)
+    store.put_job(JobRecord(3, "k", "n", "u", "/d", "a", 1, 2, 64, 64, 64, 0.0, "queued", 0.0))
+    store.close()
+    db = sqlite3.connect(path)
+    for name in ("node_gpus", "uid", "start_failures", "retry_at", "forced_at", "ready_at"):
+        if name not in columns:
+            db.execute(f"ALTER TABLE jobs DROP COLUMN {name}")
+    db.execute("ALTER TABLE samples DROP COLUMN epoch")
+    db.execute("UPDATE meta SET value='4' WHERE key='schema'")
+    db.commit()
+    db.close()
+    store = Store(path)
+    have = {r[1] for r in store.db.execute("PRAGMA table_info(jobs)")}
+    assert {"node_gpus", "uid", "start_failures", "retry_at", "forced_at", "ready_at"} <= have
+    assert "epoch" in {r[1] for r in store.db.execute("PRAGMA table_info(samples)")}
+    rec = store.job(3)
+    assert rec is not None and rec.uid == -1 and rec.node_gpus == "" and rec.forced_at == 0.0
+    assert rec.ready_at == 0.0
+    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "6"

@@ -15,10 +15,11 @@ import pytest
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.controller.loop import Controller, LoopConfig
-from hpcorch.controller.reconcile import Settings
+from hpcorch.controller.reconcile import REQUEUE_WAIT_S, Settings
 from hpcorch.controller.store import StateError, Store
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
+from hpcorch.protocol import EXIT_STORAGE
 
 
 @dataclass
@@ -36,7 +37,7 @@ class FakeCluster:
     t: float = 1000.0
     jobs: dict[int, FakeJob] = field(default_factory=dict)
     log: list[tuple[str, int]] = field(default_factory=list)
-    plans: dict[str, LaunchPlan] = field(default_factory=dict)
+    plans: dict[int, LaunchPlan] = field(default_factory=dict)
     shapes: list[Shape] = field(default_factory=list)
     down: set[str] = field(default_factory=set)
     calls: int = 0
@@ -116,10 +117,12 @@ class FakeCluster:
     def cancel(self, slurm_id: int) -> None:
         self.set(slurm_id, state="CANCELLED")
 
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        self.plans[job_dir] = plan
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        self.plans[slurm_id] = plan
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         return [], offset
 
 
@@ -143,7 +146,7 @@ def test_a_held_job_is_started_at_its_share(tmp_path: Path) -> None:
     ctl = controller(tmp_path, c)
     ctl.cycle()
     assert c.log == [("start", 1)] and c.jobs[1].job.gpus == 8
-    assert c.plans["/jobs/1"].gpus == 8 and c.plans["/jobs/1"].global_batch == 64
+    assert c.plans[1].gpus == 8 and c.plans[1].global_batch == 64
     ctl.cycle()
     assert ctl.store.job(1).phase == "running"  # type: ignore[union-attr]
 
@@ -228,7 +231,14 @@ def test_failures_are_retried_then_left_failed(tmp_path: Path) -> None:
     ctl.cycle()
     c.set(1, state="FAILED", exit_code=1)
     ctl.cycle()
-    assert c.state(1) == "RUNNING" and "retry 1/1" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "queued" and c.state(1) == "PENDING"
+    assert rec.reason == "failed with exit code 1: retry 1/1 from the last checkpoint in 2 s"
+    ctl.cycle()
+    assert c.state(1) == "PENDING"  # backing off, its GPUs free
+    c.t += 2
+    ctl.cycle()
+    assert c.state(1) == "RUNNING"
     c.set(1, state="FAILED", exit_code=3)
     ctl.cycle()
     rec = ctl.store.job(1)
@@ -277,7 +287,7 @@ def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -
     c.add(2, 4, 4)
     ctl.cycle()
     assert ("signal", 1) not in c.log  # still importing torch, as far as anyone knows
-    c.read_metrics = lambda d, o: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
+    c.read_metrics = lambda d, o, u: ([{"event": "start", "epochs": 3}], o + 1)  # type: ignore[method-assign]
     ctl.cycle()
     assert ("signal", 1) in c.log
 
@@ -312,9 +322,41 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     ctl.cycle()  # still RUNNING as far as Slurm knows: nothing asked of it, no invalid plan
     assert c.log == [("start", 1)]
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)  # Slurm requeued it
+    ctl.cycle()  # left to Slurm a while: the node may come back
+    assert c.log == [("start", 1)]
+    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.t += REQUEUE_WAIT_S
     ctl.cycle()
     assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
-    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    ctl.cycle()
+    assert c.log.count(("start", 1)) == 2  # started once
+
+
+def test_a_job_requeued_by_slurm_is_left_to_slurm_while_its_node_may_return(
+    tmp_path: Path,
+) -> None:
+    """Slurm requeues a job after a node failure (pending, not held, its node list naming
+    the failed node). If the node comes back (slurmd restarted), Slurm starts it there and
+    the controller asks nothing; a job still pending after REQUEUE_WAIT_S is restarted
+    anywhere (it was left pending on the dead node for good: seen on the real pool)."""
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c, relaunch_delay_s=1.0)
+    ctl.cycle()
+    ctl.cycle()
+    c.down.add("n1")
+    c.t += 0.5
+    c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
+    ctl.cycle()
+    c.t += 5
+    c.down.discard("n1")
+    c.set(1, state="RUNNING", node_names=("n1",))  # Slurm started it on its node again
+    ctl.cycle()
+    c.t += REQUEUE_WAIT_S
+    ctl.cycle()
+    assert c.log == [("start", 1)]
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "running", rec
 
 
 def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
@@ -334,8 +376,10 @@ def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     c.down.add("n1")
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.t += REQUEUE_WAIT_S
+    ctl.cycle()
+    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
 
 
 def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:
@@ -364,3 +408,58 @@ def test_a_bad_plan_or_checkpoint_is_not_retried(tmp_path: Path) -> None:
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "failed" and "not retried" in rec.reason
     assert ("requeue_hold", 1) not in c.log
+
+
+def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool: a job still stopping past the grace period was requeued by force
+    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one."""
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.jobs[1].exit_on_signal = False
+    c.requeue_hold = lambda slurm_id: c.log.append(("requeue_hold", slurm_id))  # type: ignore[method-assign]
+    c.add(2, 4, 4)
+    ctl.cycle()
+    c.t += 31
+    for _ in range(35):  # Slurm keeps showing it running, one cycle a second
+        ctl.cycle()
+        c.t += 1
+    assert c.log.count(("requeue_hold", 1)) == 1
+    c.t += Settings().force_retry_s
+    ctl.cycle()  # still not requeued after a long wait: forced once more
+    assert c.log.count(("requeue_hold", 1)) == 2
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "stopping" and "requeued by force" in rec.reason
+
+
+def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(
+    tmp_path: Path,
+) -> None:
+    """The runtime exits 74 (EXIT_STORAGE) when the job directory cannot be written: the
+    job's GPUs go back, it is retried after 2, 4, 8, 16 s, and the fifth exit fails it."""
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl = controller(tmp_path, c)
+    for n in range(1, 6):
+        ctl.cycle()
+        assert c.state(1) == "RUNNING"
+        c.set(1, state="FAILED", exit_code=EXIT_STORAGE)
+        ctl.cycle()
+        rec = ctl.store.job(1)
+        assert rec is not None
+        if n == 5:
+            assert rec.phase == "failed" and c.log.count(("start", 1)) == 5
+            assert "cannot be written" in rec.reason and "gave up after 5 tries" in rec.reason
+            return
+        delay = 2.0 * 2 ** (n - 1)
+        assert rec.phase == "queued" and rec.target_gpus == 0, rec.reason
+        assert rec.reason.endswith(f"retry {n}/4 in {delay:.0f} s")
+        starts = c.log.count(("start", 1))
+        c.t += delay - 0.5
+        ctl.cycle()  # still backing off: not started, its GPUs free for others
+        assert c.log.count(("start", 1)) == starts and c.state(1) == "PENDING"
+        c.t += 0.5

@@ -132,10 +132,12 @@ class FillCluster:
     def requeue_hold(self, slurm_id: int) -> None: ...
     def cancel(self, slurm_id: int) -> None: ...
 
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
         self.plans.append(plan)
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         return [], offset
 
 
@@ -202,7 +204,7 @@ def test_run_polls_fast_only_while_a_transition_is_in_flight(tmp_path: Path) -> 
     )
     reads: list[float] = []
 
-    def read_metrics(job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+    def read_metrics(job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         reads.append(c.t)
         return [{"event": "start"}], offset + 1
 

@@ -119,10 +119,10 @@ def test_every_option_but_once_is_a_key() -> None:
         for o in p.opts
         if o.startswith("--")
     }
-    assert set(keys) == longs - {"once", "config", "help"}
+    assert set(keys) == longs - {"once", "config", "help", "adopt"}
 
 
 def test_the_shipped_example_configuration_parses() -> None:
     example = Path(__file__).resolve().parent.parent / "slurm" / "hpcorch-controller.toml"
     p = _params("--config", str(example))
-    assert p["reservation"] == "hpcorch" and p["state_dir"] == "/var/lib/hpcorch/controller"
+    assert p["reservation"] == "hpcorch" and p["state_dir"] == "/var/lib/hpcorch"

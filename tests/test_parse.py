@@ -117,3 +117,19 @@ def test_flag_states_read_as_their_base_state() -> None:
         ("RUNNING", False),
         ("RUNNING", False),
     ]
+
+
+def test_sacct_rows_keep_account_and_qos() -> None:
+    from hpcorch.slurm.parse import SACCT_FIELDS, parse_sacct
+
+    assert SACCT_FIELDS.endswith(",Account,QOS,Comment")  # the comment last: it may hold '|'
+    row = (
+        "41|train|alice|COMPLETED|gpu|pool|gpu-a[001-002]|2|billing=8,cpu=8,gres/gpu=8|"
+        "2026-11-24T10:00:00|2026-11-24T10:00:05|2026-11-24T10:30:00|60|0:0|/home/a|"
+        "ml|high|hpcorch:id=x|min=2"
+    )
+    odd = "42_1|array|bob|FAILED|gpu|||1|gres/gpu=1|||||/|physics|normal|"
+    (job,) = parse_sacct(row + "\n" + odd + "\n")
+    assert (job.job_id, job.account, job.qos) == (41, "ml", "high")
+    assert job.comment == "hpcorch:id=x|min=2" and job.gpus == 8 and job.gpus_per_node == 4
+    assert job.nodes == "gpu-a[001-002]" and job.state == "COMPLETED" and job.exit_code == 0

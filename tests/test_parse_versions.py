@@ -44,6 +44,7 @@ def job(job_id: int, **kw: Any) -> SlurmJob:
         work_dir="/tmp/t1",
         reservation="",
         held=False,
+        uid=0,
     )
     base.update(kw)
     return SlurmJob(**base)

@@ -380,3 +380,77 @@ def test_sidecar_stops_a_script_that_asked_to_be_requeued(tmp_path: Path) -> Non
     stop = [e for e in _events(tmp_path) if e["event"] == "stop"][-1]
     assert stop["graceful"] is True and str(stop["checkpoint"]).endswith(".ckpt")
     assert stop["lost_steps_estimate"] <= 25  # the steps of one poll of the sidecar (0.2 s)
+
+
+SHOW_JOB = "JobId=7 JobName=t JobState=RUNNING Reason=None Restarts=1 NodeList=gpu-a[001-002]"
+
+
+@pytest.mark.parametrize(
+    ("owner", "info", "node_failure", "why"),
+    [
+        ("7 1\n", SHOW_JOB, False, None),  # a result
+        (None, None, False, None),  # not fenced, Slurm not asked: nothing says it is lost
+        ("7 2\n", SHOW_JOB, False, "launch 2 of job 7 owns the job directory now"),
+        ("9 0\n", SHOW_JOB, False, "launch 0 of job 9 owns"),
+        ("7 1\n", SHOW_JOB.replace("Restarts=1", "Restarts=2"), False, "requeued the job"),
+        ("7 1\n", SHOW_JOB.replace("RUNNING", "PENDING"), False, "holds the job as PENDING"),
+        ("7 1\n", SHOW_JOB.replace("Reason=None", "Reason=NodeDown"), False, "node of the job"),
+        ("7 1\n", SHOW_JOB, True, "srun reported a node failure"),
+        (None, None, True, "srun reported a node failure"),
+    ],
+)
+def test_launch_lost_decision(
+    owner: str | None, info: str | None, node_failure: bool, why: str | None
+) -> None:
+    from hpcorch.sidecar.lost import lost_reason
+
+    got = lost_reason("7", 1, owner, info, node_failure)
+    assert got == why if why is None else (got is not None and why in got), got
+
+
+def test_node_failure_lines() -> None:
+    from hpcorch.sidecar.lost import node_failure_line
+
+    assert node_failure_line(b"srun: error: Node failure on gpu-a002\n")
+    assert not node_failure_line(b"step 3/10 Node failure on x\n")  # the script's own output
+    assert not node_failure_line(b"srun: error: gpu-a001: task 0: Exited with exit code 1\n")
+
+
+FAKE_SRUN = """#!/bin/bash
+# srun that loses a node yet exits 0, as Slurm 22.05's srun does (the script's ranks
+# elsewhere finish normally)
+[[ -n ${LOSE_NODE-} ]] && echo "srun: error: Node failure on gpu-a002" >&2
+"$@"
+"""
+
+
+@pytest.mark.parametrize("lose", [False, True])
+def test_sidecar_never_reports_success_after_a_node_failure(tmp_path: Path, lose: bool) -> None:
+    """The sidecar job's no-false-success check: the script exits 0, but srun reported a
+    node failure: exit 79 (EXIT_LAUNCH_LOST), no 'training finished', no requeue."""
+    from hpcorch.protocol import EXIT_LAUNCH_LOST
+
+    srun = tmp_path / "srun"
+    srun.write_text(FAKE_SRUN)
+    srun.chmod(0o755)
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "launch").write_text("4242 0\n")  # the wrapper's fence: this launch
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCORCH_"))} | {
+        "PATH": os.path.dirname(sys.executable) + ":/bin:/usr/bin",  # no scontrol
+        "SLURM_JOB_ID": "4242",
+        "HPCORCH_JOB_DIR": str(tmp_path / "job"),
+        "HPCORCH_LAUNCH": "0",
+        "HPCORCH_PROGRESS_REGEX": r"step (\d+)/(\d+)",
+        **({"LOSE_NODE": "1"} if lose else {}),
+    }
+    script = [sys.executable, "-c", "print('step 1/1', flush=True)"]
+    done = subprocess.run(
+        [sys.executable, "-m", "hpcorch.sidecar", "1", str(srun), *script],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if not lose:
+        assert done.returncode == 0 and "training finished" in done.stderr, done.stderr
+        return
+    assert done.returncode == EXIT_LAUNCH_LOST, done.stderr
+    assert "training finished" not in done.stderr and "requeue" not in done.stderr
+    assert "launch 0 lost a node or a rank (srun reported a node failure)" in done.stderr

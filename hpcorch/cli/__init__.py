@@ -22,6 +22,7 @@ COMMANDS = {
     "resize": "hpcorch.cli.controller:resize",
     "metrics": "hpcorch.cli.controller:metrics",
     "simulate": "hpcorch.cli.simulate:simulate",
+    "report": "hpcorch.cli.report:report",
 }
 
 

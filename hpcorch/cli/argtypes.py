@@ -1,4 +1,5 @@
-"""Click parameter types of the job commands: job ids and lists, strictly ASCII."""
+"""Click parameter types of the job commands: lists of job ids and names, strictly ASCII.
+A single job id is ``hpcorch.cli.params.JOB_ID``; a list checks each item with it."""
 
 from __future__ import annotations
 
@@ -7,32 +8,9 @@ from typing import Any
 
 import click
 
-MAX_JOB_ID = 0xFFFFFFFD
-"""Slurm's job ids are 32-bit; the top values mean NO_VAL/INFINITE."""
+from hpcorch.cli.params import JOB_ID
+
 _LIST_ITEM_RE = re.compile(r"^[A-Za-z0-9_.+@-]{1,64}$")
-
-
-def job_id_of(text: str) -> int:
-    """A Slurm job id from ASCII digits (``٣`` and ``1e3`` are not job ids)."""
-    value = text.strip()
-    if not (value.isascii() and value.isdigit()) or len(value) > 10:
-        raise ValueError(f"{text!r} is not a job id (ASCII digits)")
-    job_id = int(value)
-    if not 1 <= job_id <= MAX_JOB_ID:
-        raise ValueError(f"{text!r} is not a job id (1 to {MAX_JOB_ID})")
-    return job_id
-
-
-class JobId(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2
-    name = "JOBID"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = str(value)
-        try:
-            return job_id_of(str(value))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
 
 
 class JobIdList(click.ParamType):  # type: ignore[type-arg]
@@ -45,10 +23,7 @@ class JobIdList(click.ParamType):  # type: ignore[type-arg]
     ) -> tuple[int, ...]:
         if isinstance(value, tuple):
             return value
-        try:
-            return tuple(job_id_of(v) for v in str(value).split(","))
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+        return tuple(JOB_ID.convert(v, param, ctx) for v in str(value).split(","))
 
 
 class NameList(click.ParamType):  # type: ignore[type-arg]
@@ -68,7 +43,6 @@ class NameList(click.ParamType):  # type: ignore[type-arg]
         return items
 
 
-JOB_ID = JobId()
 JOB_ID_LIST = JobIdList()
 NAME_LIST = NameList()
 

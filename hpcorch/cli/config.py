@@ -19,8 +19,9 @@ from hpcorch.cli import params
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-NOT_IN_FILE = frozenset({"config", "help", "once"})
-"""Options that only make sense on a command line."""
+NOT_IN_FILE = frozenset({"config", "help", "once", "adopt"})
+"""Options that only make sense on a command line (--adopt takes over state kept for
+another reservation: one deliberate act, never a standing setting)."""
 
 
 def config_keys(command: click.Command) -> dict[str, click.Option]:

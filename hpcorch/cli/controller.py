@@ -30,6 +30,7 @@ from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import make_backend
+from hpcorch.slurm.files import Spool
 from hpcorch.slurm.script import parse_comment
 from hpcorch.status import fmt_duration, render_table
 
@@ -153,6 +154,18 @@ def _lock(directory: Path) -> Iterator[None]:
     "--seed", type=params.SEED, default=0, show_default=True, help="Random seed of the policy."
 )
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
+@click.option(
+    "--spool",
+    envvar="HPCORCH_SPOOL",
+    type=params.StateDir(writable=True),
+    help="Where the controller writes each job's plan, on a file system the nodes share "
+    "[default: STATE_DIR/jobs].",
+)
+@click.option(
+    "--adopt",
+    is_flag=True,
+    help="Take over a state directory kept for another reservation (its jobs are then lost).",
+)
 @state_dir_option
 @click.option(
     "--log-level",
@@ -185,6 +198,8 @@ def controller(
     min_run: float,
     seed: int,
     once: bool,
+    spool: str | None,
+    adopt: bool,
     state_dir: str | None,
     log_level: str,
     log_format: str,
@@ -193,10 +208,13 @@ def controller(
     logsetup.configure("hpcorch-controller", log_level, log_format)
     log = logging.getLogger("hpcorch.controller")
     directory = controller_dir(state_dir)
+    spool_root = Path(spool).expanduser().resolve() if spool else directory / "jobs"
     with _lock(directory):
         try:
             store = Store(directory / STATE_DB)
-            cluster = SlurmCluster(reservation)
+            _check_reservation(store, directory, reservation, adopt)
+            _prepare_spool(directory, spool_root)
+            cluster = SlurmCluster(reservation, spool=spool_root)
             if nodes is None:
                 part = partition or cluster.backend.partitions()[1]
                 nodes = ",".join(
@@ -205,15 +223,18 @@ def controller(
             done = cluster.ensure_reservation(nodes, users or getpass.getuser(), partition)
         except HpcorchError as exc:
             raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            raise click.ClickException(f"cannot prepare {exc.filename}: {exc.strerror}") from exc
         store.set_meta("reservation", reservation)
         pool = cluster.reservation_nodes()
         log.info(
-            "%s reservation '%s' (%d nodes); policy %s; state in %s",
+            "%s reservation '%s' (%d nodes); policy %s; state in %s; plans in %s",
             done,
             reservation,
             len(pool),
             policy,
             directory,
+            spool_root,
         )
         config = LoopConfig(
             interval_s=interval,
@@ -237,6 +258,40 @@ def controller(
         else:
             loop.run(stop.is_set, stop.wait)
         store.close()
+
+
+def _check_reservation(store: Store, directory: Path, reservation: str, adopt: bool) -> None:
+    """Refuse a state directory kept for another reservation, unless told to adopt it: its
+    jobs, not seen in this one, would all be marked lost."""
+    kept = store.get_meta("reservation")
+    if kept is None or kept == reservation:
+        return
+    if not adopt:
+        raise HpcorchError(
+            f"the state in {directory} belongs to reservation '{kept}', not '{reservation}': "
+            f"run with --reservation {kept}, or add --adopt to take it over for "
+            f"'{reservation}' (the jobs of '{kept}' are then marked lost)"
+        )
+    click.echo(
+        f"hpcorch-controller: state of reservation '{kept}' taken over for '{reservation}'",
+        err=True,
+    )
+
+
+def _prepare_spool(directory: Path, spool: Path) -> None:
+    """Create the spool; a spool inside the state directory needs the directory
+    searchable (not readable) by the jobs' owners."""
+    if spool.is_relative_to(directory) and directory.stat().st_uid == os.geteuid():
+        os.chmod(directory, directory.stat().st_mode & 0o7777 | 0o011)
+    Spool(spool).ensure()
+    for d in (spool, *spool.parents):
+        if not d.stat().st_mode & 0o001:
+            click.echo(
+                f"hpcorch-controller: warning: {d} is not searchable by others: jobs of other "
+                f"users cannot read their plans in {spool}",
+                err=True,
+            )
+            break
 
 
 def _open_store(state_dir: str | None) -> Store:

@@ -10,7 +10,8 @@ import click
 
 from hpcorch.cli import params
 from hpcorch.errors import HpcorchError
-from hpcorch.request import RequestError, build_request, sidecar_spec
+from hpcorch.protocol import MAX_GRACE_S
+from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.options import ENV_DEFAULTS, ignored_env
 from hpcorch.submit import submit as submit_job
@@ -39,7 +40,7 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--stop-command", help="Sidecar: shell command that stops the script."),
         click.option(
             "--grace",
-            type=params.Integer(0, 7 * 86400),
+            type=params.Integer(0, MAX_GRACE_S),
             help="Sidecar: seconds the script has to exit before it is killed [60].",
         ),
         click.option(
@@ -193,19 +194,8 @@ def submit(
             "hpcorch (hpcorch's options go before SCRIPT)",
             err=True,
         )
-    sidecar_keys = (
-        "stop_signal",
-        "stop_command",
-        "grace",
-        "ckpt_dir",
-        "resume_args",
-        "resume_cmd",
-        "progress_regex",
-        "progress_file",
-        "live_batch",
-    )
     try:
-        sidecar = sidecar_spec(**{k: options.pop(k) for k in sidecar_keys})
+        sidecar = sidecar_spec(**{k: options.pop(k) for k in SIDECAR_KEYS})
         req = build_request(
             script, script_args, min_gpus=min_gpus, mode=mode, sidecar=sidecar, **options
         )

@@ -9,7 +9,6 @@ from pathlib import Path
 import click
 
 from hpcorch.cli import params
-from hpcorch.cli.argtypes import JOB_ID
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import (
     find_job_dir,
@@ -36,7 +35,7 @@ def _write(data: bytes) -> None:
 
 
 @click.command()
-@click.argument("job_id", type=JOB_ID)
+@click.argument("job_id", type=params.JOB_ID)
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends for good.")
 @click.option(
     "--launch",

@@ -149,7 +149,7 @@ class JobIdType(Integer):
             self.fail(
                 f"{_show(value)}: array and heterogeneous job ids are not hpcorch jobs", param, ctx
             )
-        if isinstance(value, str) and not text.isascii():
+        if isinstance(value, str) and not (text.isascii() and text.isdigit()):
             self.fail(f"{_show(value)} is not a job id (ASCII digits 0-9 only)", param, ctx)
         return super().convert(value, param, ctx)
 

@@ -196,6 +196,13 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
 )
 @click.option(
+    "--keep-state",
+    type=params.PathType(path_type=Path, file_okay=False),
+    default=None,
+    help="Engine controller: keep each run's controller store here as WORKLOAD-POLICY.db "
+    "(for `hpcorch report`).",
+)
+@click.option(
     "--per-job",
     type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
@@ -221,6 +228,7 @@ def simulate(
     engine: str,
     as_json: bool,
     plot: Path | None,
+    keep_state: Path | None,
     per_job: Path | None,
 ) -> None:
     """Simulate scheduling policies on workload CSV files (name,time,application,...).
@@ -252,6 +260,13 @@ def simulate(
             "--checkpoint-s, --exit-s, --requeue-s and --startup-s"
         )
     cost = ResizeCost(checkpoint_s, exit_s, requeue_s, startup_s)
+    if keep_state is not None and engine != "controller":
+        raise click.UsageError("--keep-state needs --engine controller")
+    if keep_state is not None:
+        try:
+            keep_state.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.ClickException(f"cannot create {keep_state}: {exc.strerror}") from None
     config = SimConfig(
         nodes,
         gpus_per_node,
@@ -279,6 +294,7 @@ def simulate(
                     if engine == "direct":
                         run = loop.simulate(jobs, make_policy(name, seed), apps, config, tick)
                     else:
+                        kept = keep_state / f"{stem}-{name}.db" if keep_state else None
                         run = simulate_controlled(
                             jobs,
                             make_policy(name, seed),
@@ -287,6 +303,7 @@ def simulate(
                             tick,
                             cost=cost,
                             interval_s=interval_s,
+                            keep_state=kept,
                         )
                 except (TraceError, RuntimeError) as exc:
                     raise click.ClickException(f"{stem} {name}: {exc}") from None

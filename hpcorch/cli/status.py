@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 import click
 
 from hpcorch.cli import params
-from hpcorch.cli.argtypes import JOB_ID, JOB_ID_LIST, NAME_LIST, flatten
+from hpcorch.cli.argtypes import JOB_ID_LIST, NAME_LIST, flatten
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.slurm.factory import make_backend
@@ -39,6 +39,7 @@ PHASES = (
     "cancelled",
     "lost",
     "timeout",
+    "refused",
 )
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
@@ -260,7 +261,7 @@ def select_for_cancel(
 
 
 @click.command()
-@click.argument("job_ids", nargs=-1, type=JOB_ID)
+@click.argument("job_ids", nargs=-1, type=params.JOB_ID)
 @click.option("--user", "-u", "users", type=NAME_LIST, multiple=True, help="Jobs of these users.")
 @click.option("--me", is_flag=True, help="My jobs.")
 @click.option("--name", "-n", "names", type=NAME_LIST, multiple=True, help="Jobs with these names.")

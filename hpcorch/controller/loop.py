@@ -5,6 +5,13 @@ machine along, read what the jobs reported, ask the policy for a plan when it is
 write the intended actions to the store, then carry them out. The store is written before
 anything is done, so a controller killed at any point picks up from the store and what
 Slurm reports (hpcorch/controller/reconcile.py).
+
+One job never stops the loop: what a user controls is checked before use
+(hpcorch/controller/validate.py), a job whose comment fails is refused with the reason,
+and an exception from one job's handling is recorded against that job (its reason in
+``hpcorch status``, one log line) while the cycle goes on with the others. A start that
+fails (the plan cannot be written, Slurm refuses) puts the job back in the queue, its GPUs
+free for others, and is retried after an exponential back-off, a bounded number of times.
 """
 
 from __future__ import annotations
@@ -17,21 +24,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcorch.cluster import Cluster, Observation, ObservedJob, Shape
-from hpcorch.controller import reconcile
+from hpcorch.cluster import Cluster, Observation, Shape
+from hpcorch.controller import adopt, reconcile
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action, Settings
+from hpcorch.controller.reports import digest
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
+from hpcorch.controller.validate import TagError, pin_of, printable, request_of
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
-from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
-
-MAX_DECLARED_EPOCHS = 1_000_000
-MAX_DECLARED_SAMPLES = 10**12
-"""Bounds on the declared length in a job's comment (``epochs=``, ``dataset=``)."""
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
 
@@ -79,9 +83,25 @@ def _warn(msg: str) -> None:
     logger.warning("%s", msg, extra=_extra(msg))
 
 
-def _int(tags: Mapping[str, str], key: str, default: int) -> int:
-    value = tags.get(key, "")
-    return int(value) if value.isdigit() else default
+def describe(exc: BaseException) -> str:
+    """One line about ``exc``: its message for hpcorch's own errors, else its type, message
+    and where it was raised."""
+    if isinstance(exc, HpcorchError):
+        return printable(str(exc), 300)
+    if isinstance(exc, OSError) and exc.strerror:
+        return printable(f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror, 300)
+    where = ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is not None:
+        code = tb.tb_frame.f_code
+        where = f" (at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
+    return printable(f"{type(exc).__name__}: {exc}", 300) + where
+
+
+LOG_LINES_PER_JOB = 5
+"""Most log lines one job's reports may cause in one cycle (its script writes them)."""
 
 
 class Controller:
@@ -106,6 +126,8 @@ class Controller:
         self.last_decision_s = 0.0
         self.history: list[CompletedJob] = []
         self._history_ids: set[int] = set()
+        self._errors: dict[tuple[int, str], str] = {}
+        """The last error logged per (job, stage): the same one is not logged again."""
         self._pool_meta = ""
         self._profiles = Profiles()
         self._flight: bool | None = None
@@ -138,12 +160,19 @@ class Controller:
         records = self.records.active()
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
-            out = reconcile.observe(
-                rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings
-            )
+            try:
+                out = reconcile.observe(
+                    rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings
+                )
+            except Exception as exc:
+                self._job_error(rec, "following its state", exc)
+                continue
             pending += [(rec, a) for a in out.actions]
             changed |= bool(out.events) and not rec.active
             self._events(rec, out.events)
+            if rec.phase == "queued" and 0 < rec.retry_at <= now:
+                rec.retry_at = 0.0  # its back-off is over: schedule it again
+                changed = True
         self._account(records, now)
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
@@ -151,11 +180,15 @@ class Controller:
             decision_s, acts = self._schedule(obs, records, now)
             pending += acts
             self.last_round = now
-        claims = reconcile.start_claims(records, pool_nodes)
+        try:
+            claims = reconcile.start_claims(records, pool_nodes)
+        except Exception as exc:
+            self.warn(f"placement claims ignored this cycle: {describe(exc)}")
+            claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
-            self.records.write()
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
@@ -187,6 +220,7 @@ class Controller:
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
             self.store.add_cycle(stats)
             meta = pool + "\n" + ends
             if meta != self._pool_meta:
@@ -201,63 +235,48 @@ class Controller:
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
-        new = [j for j in obs.jobs if j.slurm_id not in self.records]
-        for j in new:
-            rec = self._record(j, now)
-            self.records.add(rec)
-            self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
-        return bool(new)
-
-    def _record(self, j: ObservedJob, now: float) -> JobRecord:
-        t = dict(j.tags)
-        min_gpus = _int(t, "min", max(1, j.gpus))
-        batch = _int(t, "batch", 0) or 32 * min_gpus
-        if j.state == "PENDING":
-            phase = "queued" if j.held else "starting"
-        elif j.ended:
-            phase = {
-                "COMPLETED": "done" if j.exit_code == 0 else "failed",
-                "CANCELLED": "cancelled",
-            }.get(j.state, "failed")
-        else:
-            phase = "running"
-        rec = JobRecord(
-            slurm_id=j.slurm_id,
-            job_key=t.get("id", str(j.slurm_id)),
-            name=j.name,
-            user=j.user,
-            job_dir=t.get("dir", ""),
-            app=t.get("app", j.name),
-            min_gpus=min_gpus,
-            max_gpus=max(min_gpus, _int(t, "max", min_gpus)),
-            batch=batch,
-            max_batch=max(batch, _int(t, "maxbatch", batch)),
-            max_micro=_int(t, "micro", 0) or max(1, batch // min_gpus),
-            submit_time=j.submit_time or now,
-            phase=phase,
-            phase_since=now,
-            target_gpus=j.gpus if phase in ("running", "starting") else 0,
-            slurm_restarts=j.restarts,
-            reason="adopted" if phase != "queued" else "waiting for GPUs",
-            mode="sidecar" if t.get("mode") == "sidecar" else "managed",
-            resumable=0 if t.get("resume") == "no" else 1,
-            predictable=0 if t.get("progress") == "no" else 1,
-            stop_grace_s=float(_int(t, "grace", 0)),
-            min_cpus=max(1, _int(t, "mincpus", 1)),
-            time_budget_s=float(_int(t, "budget", 0)),
-            max_relaunches=_int(t, "relaunches", DEFAULT_MAX_RELAUNCHES),
-        )
-        # The length its user declared (epochs, samples per epoch), until it reports its own.
-        epochs, dataset = _int(t, "epochs", 0), _int(t, "dataset", 0)
-        if 0 < epochs <= MAX_DECLARED_EPOCHS:
-            rec.epochs = epochs
-        if 0 < dataset <= MAX_DECLARED_SAMPLES:
-            rec.steps_per_epoch = dataset / max(1, rec.batch)
-        if phase == "starting" and not rec.target_gpus:
-            rec.target_gpus = rec.min_gpus
-        return rec
+        """Records for jobs seen for the first time, and for lost jobs seen again."""
+        lost = self.records.lost
+        seen = [j for j in obs.jobs if j.slurm_id not in self.records or j.slurm_id in lost]
+        for j in seen:
+            who = f"job {j.slurm_id} ({printable(j.name)}, {printable(j.user, 32)})"
+            try:
+                old = self.records.get(j.slurm_id) if j.slurm_id in lost else None
+                if old is not None and j.tags.get("id", str(j.slurm_id)) == old.job_key:
+                    rec = adopt.readopt(old, j, now)
+                    what = f"reappeared in Slurm ({j.state.lower()}): re-adopted as"
+                else:
+                    rec = adopt.new_record(j, now)
+                    what = "joined the pool:"
+            except Exception as exc:
+                rec = adopt.refused(j, now, f"controller error: {describe(exc)}")
+                what = "joined the pool:"
+            self.records.add(rec)  # stored with the cycle's records, before any action
+            if rec.phase == "refused":
+                self.warn(f"{who} {rec.reason}")
+            else:
+                self.log(f"{who} {what} {rec.phase}")
+        return bool(seen)
 
     # --- bookkeeping --------------------------------------------------------------------
+    def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
+        """An exception from one job's handling: the job's reason says so, one log line
+        (not repeated while the same error recurs), and the cycle goes on."""
+        self._note(rec, stage, f"controller error {stage}: {describe(exc)}")
+
+    def _note(self, rec: JobRecord, key: str, msg: str) -> None:
+        """``msg`` as the job's reason, and logged unless it was the last one for ``key``."""
+        rec.reason = msg = printable(msg, 300)
+        if self._errors.get((rec.slurm_id, key)) != msg:
+            self._errors[(rec.slurm_id, key)] = msg
+            self.log(f"job {rec.slurm_id}: {msg}")
+
+    def _unstorable(self, rec: JobRecord, exc: BaseException, now: float) -> JobRecord:
+        """What is stored instead of a record the store refuses: a failed one with the
+        reason, so that the job stops being handled rather than the loop."""
+        self._job_error(rec, "saving its record", exc)
+        return adopt.quarantined(rec, now)
+
     def _events(self, rec: JobRecord, events: Sequence[str]) -> None:
         for e in events:
             self.log(f"job {rec.slurm_id} {e}")
@@ -276,97 +295,24 @@ class Controller:
         for rec in records:
             if rec.phase not in ("running", "stopping") or not rec.job_dir:
                 continue
-            lines, rec.metrics_offset = self.cluster.read_metrics(rec.job_dir, rec.metrics_offset)
-            for line in lines:
-                sample = self._digest(rec, line)
-                if sample is not None:
-                    new.append(sample)
-        self.records.stage(new)
+            budget = [LOG_LINES_PER_JOB]
 
-    def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
-        event = line.get("event")
-        if event in ("launch", "mode", "checkpoint", "resumed", "stop"):
-            self._sidecar_event(rec, event, line)
-            return None
-        if event == "start":
-            rec.ready = 1
-            at = line.get("time")
-            rec.ready_at = float(at) if isinstance(at, int | float) else rec.phase_since
-            epochs, size = line.get("epochs"), line.get("dataset_size")
-            if isinstance(epochs, int) and epochs > 0:
-                rec.epochs = epochs
-            if isinstance(size, int) and size > 0:
-                rec.steps_per_epoch = size / max(1, rec.batch)
-            return None
-        if event != "steps":
-            return None
-        try:
-            step_time = float(line["step_time"])
-            gpus = int(line.get("gpus") or rec.gpus)
-            batch = int(line.get("global_batch") or rec.global_batch or rec.batch)
-            rec.epoch = int(line.get("epoch", rec.epoch))
-            step = int(line.get("step", 0))
-        except (KeyError, TypeError, ValueError):
-            return None
-        total = line.get("total_steps")
-        if isinstance(total, int) and total > 0 and rec.mode == "sidecar":
-            rec.epochs = rec.epochs or 1
-            rec.steps_per_epoch = total * batch / max(1, rec.batch) / rec.epochs
-        rec.global_batch = batch
-        rec.cpus_per_gpu = int(line.get("cpus_per_gpu") or rec.cpus_per_gpu)
-        wait = line.get("data_wait")
-        rec.micro_batch = int(line.get("per_gpu_batch") or 0)
-        rec.accum_steps = int(line.get("accum_steps") or 1)
-        rec.samples_per_s = float(line.get("samples_per_s") or 0.0)
-        rec.progress = max(rec.progress, step * batch / max(1, rec.batch))
-        noise = line.get("noise_scale")
-        return Sample(
-            slurm_id=rec.slurm_id,
-            time=float(line.get("time", 0.0)),
-            gpus=gpus,
-            nodes=max(1, rec.nodes),
-            micro_batch=rec.micro_batch,
-            accum_steps=rec.accum_steps,
-            global_batch=batch,
-            step_time=step_time,
-            samples_per_s=rec.samples_per_s,
-            loss=float(line["loss"]) if isinstance(line.get("loss"), int | float) else None,
-            noise_scale=float(noise) if isinstance(noise, int | float) else None,
-            step=step,
-            cpus_per_gpu=rec.cpus_per_gpu,
-            data_wait=float(wait) if isinstance(wait, int | float) else None,
-            epoch=rec.epoch,
-        )
+            def log(msg: str, budget: list[int] = budget) -> None:
+                budget[0] -= 1
+                if budget[0] >= 0:
+                    self.log(msg)
 
-    def _sidecar_event(self, rec: JobRecord, event: str, line: dict[str, Any]) -> None:
-        """What the sidecar (or the runtime) says about stopping and resuming the job."""
-        if event == "launch":
-            if rec.mode_detected:
-                return  # it uses the runtime: ready once the runtime reports its start
-            rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
-            rec.mode = "sidecar"
-            rec.resumable = int(bool(line.get("resumable", rec.resumable)))
-            rec.predictable = int(bool(line.get("predictable", rec.predictable)))
-            rec.needs_ckpt = int(bool(line.get("watches_checkpoints", rec.needs_ckpt)))
-        elif event == "mode" and line.get("mode") == "managed":
-            rec.mode, rec.mode_detected = "managed", 1
-            rec.resumable = rec.predictable = 1
-            self.log(f"job {rec.slurm_id} uses hpcorch's runtime: managed mode")
-        elif event == "checkpoint":
-            rec.checkpoints += 1
-        elif event == "resumed":
-            lost = line.get("lost_steps")
-            if isinstance(lost, int) and lost > 0:
-                rec.lost_steps += lost
-                self.log(
-                    f"job {rec.slurm_id} resumed at step {line.get('step')}: {lost} steps lost"
+            try:
+                lines, rec.metrics_offset = self.cluster.read_metrics(
+                    rec.job_dir, rec.metrics_offset, rec.uid
                 )
-        elif event == "stop" and line.get("graceful") is False:
-            rec.kills += 1
-            self.log(
-                f"job {rec.slurm_id} ignored its stop signal and was killed after "
-                f"{line.get('waited_s')} s"
-            )
+                for line in lines:
+                    sample = digest(rec, line, log)
+                    if sample is not None:
+                        new.append(sample)
+            except Exception as exc:
+                self._job_error(rec, "reading its metrics", exc)
+        self.records.stage(new)  # stored with the cycle's records
 
     # --- scheduling ---------------------------------------------------------------------
     def _schedule(
@@ -381,38 +327,40 @@ class Controller:
                 self._history_ids.add(rec.slurm_id)
             self.records.forget_samples(rec.slurm_id)
             self._profiles.forget(rec.slurm_id)
+        # a queued job backing off after a failed start is not planned: its GPUs go to others
+        active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
+        pins, requests = self._requests(obs, active)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
-        pins = {sid: int(t["pin"]) for sid, t in tags.items() if t.get("pin", "").isdigit()}
-        requests = {
-            sid: (_int(t, "req", 0), _int(t, "reqbatch", 0))
-            for sid, t in tags.items()
-            if "req" in t or "reqbatch" in t
-        }
-        active = [r for r in records if r.active]
         samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
-        snapshot = build_snapshot(
-            now,
-            obs.nodes,
-            active,
-            samples,
-            self.history,
-            pins,
-            self.config.round_s,
-            self.config.restart_cost_s,
-            requests,
-            obs.fair_shares,
-            self.config.settings,
-            self._profiles,
-        )
         t0 = time.perf_counter()
         try:
+            snapshot = build_snapshot(
+                now,
+                obs.nodes,
+                active,
+                samples,
+                self.history,
+                pins,
+                self.config.round_s,
+                self.config.restart_cost_s,
+                requests,
+                obs.fair_shares,
+                self.config.settings,
+                self._profiles,
+            )
+            t0 = time.perf_counter()
             plan = split_schedule(self.policy, snapshot)
             validate_plan(snapshot, plan)
-        except PlanError as exc:
+        except Exception as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
-            self.warn(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
+            what = "gave an invalid plan" if isinstance(exc, PlanError) else "failed"
+            msg = f"policy {self.policy.name} {what}, plan ignored: {describe(exc)}"
+            if self._errors.get((0, "policy")) != msg:
+                self._errors[(0, "policy")] = msg
+                self.warn(msg)
             self.last_decision_s = time.perf_counter() - t0
             return self.last_decision_s, []
+        self._errors.pop((0, "policy"), None)
         decision_s = time.perf_counter() - t0
         self.last_decision_s = decision_s
         targets = plan.by_id()
@@ -428,24 +376,53 @@ class Controller:
                 rec.reason = rec.fixed_reason()
                 continue
             jp = targets.get(str(rec.slurm_id))
+            gpus = jp.gpus if jp else 0
             if jp is not None:
                 rec.target_batch = jp.global_batch
             live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
-            out = reconcile.decide(
-                rec,
-                jp.gpus if jp else 0,
-                dict(jp.placement) if jp else {},
-                now,
-                pool_nodes,
-                self.config.settings,
-                jp.cpus_per_gpu if jp else 0,
-                self._plan_batch.get(rec.slurm_id, 0),
-                live and bool(rec.job_dir),
-                restart_cost_s=self.config.restart_cost_s,
-            )
+            try:
+                out = reconcile.decide(
+                    rec,
+                    gpus,
+                    dict(jp.placement) if jp else {},
+                    now,
+                    pool_nodes,
+                    self.config.settings,
+                    jp.cpus_per_gpu if jp else 0,
+                    self._plan_batch.get(rec.slurm_id, 0),
+                    live and bool(rec.job_dir),
+                    restart_cost_s=self.config.restart_cost_s,
+                )
+            except Exception as exc:
+                self._job_error(rec, "carrying out its plan", exc)
+                continue
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)
         return decision_s, acts
+
+    def _requests(
+        self, obs: Observation, active: Sequence[JobRecord]
+    ) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
+        """Pins (``hpcorch resize``) and requests from the jobs' comments, checked: a bad
+        one is ignored, and the job's reason says why."""
+        by_id = {r.slurm_id: r for r in active}
+        pins: dict[int, int] = {}
+        requests: dict[int, tuple[int, int]] = {}
+        for j in obs.jobs:
+            rec = by_id.get(j.slurm_id)
+            if rec is None:
+                continue
+            try:
+                pin = pin_of(j.tags)
+                request = request_of(j.tags)
+            except TagError as exc:
+                self._note(rec, "pin", f"pin or request ignored: {exc}")
+                continue
+            if pin is not None:
+                pins[j.slurm_id] = pin
+            if request is not None:
+                requests[j.slurm_id] = request
+        return pins, requests
 
     # --- carrying out ---------------------------------------------------------------------
     def _must_wait(
@@ -460,7 +437,11 @@ class Controller:
         it is tried again every cycle."""
         if a.kind != "start" or a.shape is None:
             return False
-        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        try:
+            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        except Exception as exc:  # this job's start waits; the others go on
+            self._job_error(rec, "placing its start", exc)
+            return True
         if why:
             rec.reason = why
         return bool(why)
@@ -489,11 +470,8 @@ class Controller:
             if a.kind == "start":
                 assert a.shape is not None
                 batch = max(rec.target_batch or rec.batch, a.shape.gpus)
-                if rec.job_dir:
-                    self.cluster.write_plan(
-                        rec.job_dir,
-                        self._launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape),
-                    )
+                plan = self._launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape)
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.cluster.start(rec.slurm_id, a.shape)
                 self._plan_batch[rec.slurm_id] = batch
             elif a.kind == "rebatch":
@@ -502,7 +480,7 @@ class Controller:
                 plan = self._launch_plan(
                     rec, rec.gpus, max(0, rec.launches - 1), max(rec.target_batch, 1)
                 )
-                self.cluster.write_plan(rec.job_dir, plan)
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self._plan_batch[rec.slurm_id] = plan.global_batch
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
@@ -511,9 +489,35 @@ class Controller:
             elif a.kind == "requeue_hold":
                 self.cluster.requeue_hold(rec.slurm_id)
             return "done"
-        except (HpcorchError, OSError) as exc:
-            self.warn(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
-            return f"error: {exc}"
+        except Exception as exc:
+            msg = describe(exc)
+            if a.kind == "start":
+                self._start_failed(rec, msg)
+            else:
+                self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
+            return f"error: {msg}"
+
+    def _start_failed(self, rec: JobRecord, why: str) -> None:
+        """Back to the queue with its GPUs released, retried after an exponential back-off;
+        failed after ``max_start_failures`` starts in a row."""
+        s = self.config.settings
+        now = self.cluster.now()
+        rec.start_failures += 1
+        n = rec.start_failures
+        rec.phase_since = now
+        if n >= s.max_start_failures:
+            rec.phase, rec.finished_at, rec.retry_at = "failed", now, 0.0
+            rec.reason = printable(f"start failed {n} times, gave up: {why}", 400)
+        else:
+            delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
+            rec.phase, rec.retry_at = "queued", now + delay
+            rec.reason = printable(
+                f"start failed ({why}): GPUs released, retry {n}/{s.max_start_failures - 1} "
+                f"in {delay:.0f} s",
+                400,
+            )
+        self.warn(f"job {rec.slurm_id}: {rec.reason}")
+        # stored at the end of this cycle, with the decision's status
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
@@ -549,8 +553,8 @@ class Controller:
             try:
                 stats = self.cycle(full=full)
                 backoff = self.config.interval_s
-            except HpcorchError as exc:
-                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
+            except Exception as exc:
+                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue

@@ -11,7 +11,7 @@ from the store, dropping whatever the failed cycle changed only in memory.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcorch.controller.store import JobRecord, Sample, Store
@@ -38,6 +38,8 @@ class Records:
         self._staged: list[Sample] = []
         self._new: list[int] = []
         self._ended = [s for s, r in self.all.items() if not r.active]
+        self.lost: set[int] = {s for s, r in self.all.items() if r.phase == "lost"}
+        """Jobs marked lost: re-adopted if Slurm shows them again."""
 
     def __contains__(self, slurm_id: int) -> bool:
         return slurm_id in self.all
@@ -50,8 +52,9 @@ class Records:
         return [self._active[s] for s in sorted(self._active)]
 
     def add(self, rec: JobRecord) -> None:
-        """A new job's record (written with the next :meth:`write`)."""
+        """A new job's record, or a lost job's new one (written with the next :meth:`write`)."""
         self.all[rec.slurm_id] = rec
+        self.lost.discard(rec.slurm_id)
         self._new.append(rec.slurm_id)
         if rec.active:
             self._active[rec.slurm_id] = rec
@@ -71,8 +74,12 @@ class Records:
             self.samples(s.slurm_id).append(s)
             self._staged.append(s)
 
-    def write(self) -> None:
-        """Store the staged samples and every record that changed (inside a transaction)."""
+    def write(
+        self, unstorable: Callable[[JobRecord, BaseException], JobRecord] | None = None
+    ) -> None:
+        """Store the staged samples and every record that changed (inside a transaction).
+        A record the store refuses is replaced by ``unstorable(rec, error)`` (stored in its
+        place, kept in memory); without it, the error propagates."""
         if self._staged:
             self.store.add_samples(self._staged)
             self._staged = []
@@ -86,10 +93,26 @@ class Records:
                 self._rows[sid] = row
         self._new = []
         if dirty:
-            self.store.put_jobs(dirty)
+            try:
+                self.store.put_jobs(dirty)
+            except Exception:
+                if unstorable is None:
+                    raise
+                for rec in dirty:  # one by one: only the bad record is replaced
+                    try:
+                        self.store.put_job(rec)
+                    except Exception as exc:
+                        fixed = unstorable(rec, exc)
+                        self.store.put_job(fixed)
+                        self.all[rec.slurm_id] = fixed
+                        self._rows[rec.slurm_id] = _values(fixed)
+                        if rec.slurm_id in self._active:
+                            self._active[rec.slurm_id] = fixed
         for sid in [s for s, r in self._active.items() if not r.active]:
             del self._active[sid]
             self._ended.append(sid)
+            if self.all[sid].phase == "lost":
+                self.lost.add(sid)
 
     def ended(self) -> list[JobRecord]:
         """Records that left the active phases since the last call (all, the first time)."""

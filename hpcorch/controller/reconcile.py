@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
 from hpcorch.controller.store import JobRecord
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE
 from hpcorch.timefmt import fmt_duration
 
 
@@ -33,6 +33,9 @@ from hpcorch.timefmt import fmt_duration
 class Settings:
     grace_s: float = 120.0
     """How long a signalled job may take to checkpoint before it is requeued by force."""
+    force_retry_s: float = 60.0
+    """A forced requeue that Slurm does not show yet (the job still runs) is asked again
+    only after this long: the requeue is forced once, not at every cycle."""
     resignal_s: float = 15.0
     """A signalled job still running after this long is signalled again."""
     max_retries: int = 2
@@ -53,6 +56,20 @@ class Settings:
     exact_wait_s: float = 10.0
     """How long an uneven launch whose planned GPUs are free waits for its nodes' other
     free GPUs to be taken before it goes with the split Slurm picks (:func:`launch_wait`)."""
+    start_backoff_s: float = 2.0
+    """After a failed start (or a failed launch), the job waits this long before it is
+    started again, doubled at every failure in a row."""
+    start_backoff_max_s: float = 300.0
+    max_start_failures: int = 5
+    """Starts in a row that may fail (the plan cannot be written, Slurm refuses) before the
+    job is left failed."""
+
+
+REQUEUED = "requeued by Slurm"
+REQUEUE_WAIT_S = 30.0
+"""A job Slurm requeued after a node failure is left this long for Slurm to start on its
+old nodes (a node whose slurmd restarts is back within seconds); then it is restarted
+anywhere in the pool, without the node list that names the failed node."""
 
 
 @dataclass(frozen=True)
@@ -267,6 +284,9 @@ def _ended(
         out.events.append(f"checkpointed: {why}")
         _relaunch(rec, now, pool_nodes, out, why)
         return
+    if job.exit_code == EXIT_STORAGE:
+        _storage_failed(rec, now, s, out)
+        return
     rec.failures += 1
     what = f"{job.state.lower()} with exit code {job.exit_code}"
     if job.exit_code == EXIT_CONFIG:
@@ -275,10 +295,15 @@ def _ended(
         out.events.append(f"failed: {rec.reason}")
         return
     if rec.failures <= s.max_retries:
-        rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
+        # back in the queue, its GPUs free for others, started again after a back-off: a
+        # launch that fails at once (a full disk, a bad node) does not loop
+        delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (rec.failures - 1))
         why = f"{what}: retry {rec.failures}/{s.max_retries} from the last checkpoint"
-        out.events.append(f"retry: {why}")
-        _relaunch(rec, now, pool_nodes, out, why)
+        out.events.append(f"retry: {why} in {delay:.0f} s")
+        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+        rec.target_gpus = 0
+        rec.retry_at = now + delay
+        _set_phase(rec, "queued", now, f"{why} in {delay:.0f} s")
     else:
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
@@ -290,6 +315,33 @@ def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
     _set_phase(rec, "timeout", now, f"{why}; not relaunched (resubmit to continue)")
     rec.finished_at = now
     out.events.append(f"timeout: {rec.reason}")
+
+
+def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
+    """The runtime could not write the job directory (EXIT_STORAGE): a lasting condition,
+    backed off like a failed start (GPUs released, retried after 2, 4, 8.. s), the job
+    failed at the ``max_start_failures``-th in a row (a run that reports its start resets
+    the count)."""
+    rec.start_failures += 1
+    n = rec.start_failures
+    what = (
+        f"its job directory cannot be written (exit {EXIT_STORAGE}: no space, read-only or "
+        "permission denied)"
+    )
+    if n >= s.max_start_failures:
+        _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
+        rec.finished_at = now
+        rec.retry_at = 0.0
+        out.events.append(f"failed: {rec.reason}")
+        return
+    delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
+    why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
+    out.events.append(f"retry: {why}")
+    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+    rec.target_gpus = 0
+    rec.retry_at = now + delay
+    _set_phase(rec, "queued", now, why)
+    rec.phase_since = now
 
 
 def _pending(
@@ -305,22 +357,26 @@ def _pending(
         elif rec.phase == "running":
             _set_phase(rec, "queued", now, "held by its user or an admin")
         return
+    if (
+        rec.phase == "starting"
+        and rec.reason.startswith(REQUEUED)
+        and now - rec.phase_since >= REQUEUE_WAIT_S
+    ):  # requeued by Slurm and still pending on its old nodes: restart it anywhere
+        shape = target_shape(rec, pool_nodes)
+        rec.reason = "restarting anywhere after a node failure"
+        out.actions.append(
+            Action("start", rec.slurm_id, Shape(shape.nodes, shape.gpus_per_node), rec.reason)
+        )
+        return
     # requeued by Slurm (a node failure), also while it was being stopped for a resize
     if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
-        _set_phase(rec, "starting", now, f"requeued by Slurm (restart {job.restarts})")
+        _set_phase(rec, "starting", now, f"{REQUEUED} (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
-        # its node list may name the failed node: let Slurm place it anywhere in the pool
+        # Its node list may name the failed node. Slurm starts it there once the node is
+        # back (a restarted slurmd); if it still waits after REQUEUE_WAIT_S, the controller
+        # restarts it anywhere in the pool (_pending).
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
-        shape = target_shape(rec, pool_nodes)
-        out.actions.append(
-            Action(
-                "start",
-                rec.slurm_id,
-                Shape(shape.nodes, shape.gpus_per_node),
-                "restart anywhere after a node failure",
-            )
-        )
     elif rec.phase in ("queued", "stopping"):
         _set_phase(rec, "starting", now, "released outside the controller")
 
@@ -374,10 +430,15 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         waited = now - rec.phase_since
         grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
         if waited > grace:
-            why = f"no checkpoint within {grace:.0f} s: requeued by force"
-            out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-            out.events.append(f"forced: {why}")
-            rec.reason = why
+            if rec.forced_at < rec.phase_since or now - rec.forced_at >= s.force_retry_s:
+                again = rec.forced_at >= rec.phase_since
+                why = f"no checkpoint within {grace:.0f} s: requeued by force"
+                if again:
+                    why += f" (again: Slurm still showed it {job.state.lower()})"
+                out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+                out.events.append(f"forced: {why}")
+                rec.forced_at = now
+                rec.reason = why
         elif now - rec.signalled_at > s.resignal_s:
             out.actions.append(Action("signal", rec.slurm_id, reason="signal again"))
             rec.signalled_at = now
@@ -385,9 +446,13 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
 
 def trained_since(rec: JobRecord, now: float, s: Settings) -> float | None:
     """When the running launch started training: its start report, or the end of
-    ``startup_s`` for one that never reports; None while it is still starting up."""
+    ``startup_s`` for one that never reports; None while it is still starting up. The
+    report's time is the job's to write: one later than ``startup_s`` after the launch
+    counts as that (a job cannot make itself unstoppable with a time in the future)."""
     if rec.ready:
-        return rec.ready_at or rec.phase_since
+        if rec.ready_at <= 0:
+            return rec.phase_since
+        return min(rec.ready_at, rec.phase_since + s.startup_s)
     if now - rec.phase_since >= s.startup_s:
         return rec.phase_since + s.startup_s
     return None

@@ -12,7 +12,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -47,6 +47,12 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     4: (("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),),
     5: (
+        ("jobs", "uid INTEGER NOT NULL DEFAULT -1"),
+        ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
+        ("jobs", "forced_at REAL NOT NULL DEFAULT 0"),
+    ),
+    6: (
         ("jobs", "ready_at REAL NOT NULL DEFAULT 0"),
         ("samples", "epoch INTEGER NOT NULL DEFAULT 0"),
     ),
@@ -55,8 +61,9 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
 open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout")
-"""timeout: the job checkpointed, but its time budget or its cap on relaunches is spent."""
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout", "refused")
+"""timeout: the job checkpointed, but its time budget or its cap on relaunches is spent.
+refused: the job's comment failed validation; the controller never acts on it."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -226,6 +233,14 @@ class JobRecord:
     """Relaunches so far after the job checkpointed on its own."""
     run_total_s: float = 0.0
     """Run time across all launches so far (running or stopping)."""
+    uid: int = -1
+    """The Unix user id of the job's owner, as Slurm reports it (-1: unknown)."""
+    start_failures: int = 0
+    """Starts in a row that failed (the plan could not be written, Slurm refused)."""
+    retry_at: float = 0.0
+    """A queued job whose start failed is not started again before this time."""
+    forced_at: float = 0.0
+    """When a stopping job was last requeued by force (0: not in this stop)."""
 
     node_gpus: str = ""
     """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
@@ -334,10 +349,23 @@ def _job(row: sqlite3.Row) -> JobRecord:
 class Store:
     """Typed access to the state database. One writer (the controller); readers any."""
 
-    def __init__(self, path: Path, readonly: bool = False) -> None:
+    def __init__(
+        self, path: Path, readonly: bool = False, clock: Callable[[], float] = time.time
+    ) -> None:
         self.path = path
-        if readonly and not path.exists():
-            raise StateError(f"no controller state at {path}")
+        self.clock = clock
+        """Time of decisions (the simulator passes its simulated clock)."""
+        if readonly:
+            try:
+                with open(path, "rb"):
+                    pass
+            except FileNotFoundError:
+                raise StateError(f"no controller state at {path}") from None
+            except OSError as exc:
+                raise StateError(
+                    f"cannot read the controller's state {path}: {exc.strerror} (it belongs to "
+                    "the controller's user; an admin can let you read it)"
+                ) from None
         try:
             if readonly:
                 self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
@@ -377,11 +405,23 @@ class Store:
             )
 
     def _migrate(self, version: int) -> None:
-        for v in range(version + 1, SCHEMA_VERSION + 1):
+        # Every version's columns are checked (each is added only where missing), so a
+        # store whose number was set by another line of development gains what it lacks.
+        del version
+        for v in range(1, SCHEMA_VERSION + 1):
             for table, column in _ADDED_COLUMNS.get(v, ()):
                 have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
                 if column.split()[0] not in have:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+
+    def backup(self, dest: Path) -> None:
+        """A consistent copy of the whole database at ``dest`` (replaced if there)."""
+        dest.unlink(missing_ok=True)
+        out = sqlite3.connect(dest)
+        try:
+            self.db.backup(out)
+        finally:
+            out.close()
 
     def close(self) -> None:
         self.db.close()
@@ -426,6 +466,15 @@ class Store:
     def put_jobs(self, records: Sequence[JobRecord]) -> None:
         self.db.executemany(_PUT_JOB, [job_row(r) for r in records])
 
+    def lost_ids(self) -> set[int]:
+        """The Slurm ids of the jobs marked lost (they are re-adopted if Slurm shows them)."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs WHERE phase='lost'")}
+
+    def phases(self) -> dict[int, tuple[str, str]]:
+        """Every known job's phase and key, by Slurm id: one query."""
+        rows = self.db.execute("SELECT slurm_id, phase, job_key FROM jobs")
+        return {int(r[0]): (str(r[1]), str(r[2])) for r in rows}
+
     # --- decisions ----------------------------------------------------------------------
     def add_decision(
         self, slurm_id: int, action: str, from_gpus: int, to_gpus: int, batch: int, detail: str
@@ -433,14 +482,14 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO decisions(time, slurm_id, action, from_gpus, to_gpus, global_batch,"
             " detail) VALUES(?,?,?,?,?,?,?)",
-            (time.time(), slurm_id, action, from_gpus, to_gpus, batch, detail),
+            (self.clock(), slurm_id, action, from_gpus, to_gpus, batch, detail),
         )
         return int(cur.lastrowid or 0)
 
     def finish_decision(self, decision_id: int, status: str = "done") -> None:
         self.db.execute(
             "UPDATE decisions SET status=?, done_at=? WHERE id=?",
-            (status, time.time(), decision_id),
+            (status, self.clock(), decision_id),
         )
 
     def decisions(self, slurm_id: int | None = None, status: str | None = None) -> list[Decision]:

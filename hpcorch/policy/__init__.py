@@ -30,6 +30,7 @@ POLICIES: dict[str, Callable[[int], Policy]] = {
     "aiturbo": lambda seed: AiturboPolicy(),
     "sidecar": lambda seed: SidecarPolicy(),
     "share": lambda seed: SharePolicy(),
+    "share-batch": lambda seed: SharePolicy(name="share-batch", tune_batch=True),
 }
 
 

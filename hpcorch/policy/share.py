@@ -11,8 +11,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from hpcorch.policy.common import arrival_order, job_plan, place_packed
 from hpcorch.policy.cpus import fit_cpus
+from hpcorch.policy.estimate import estimate
 from hpcorch.policy.types import JobPlan, JobView, Plan, Snapshot
 
 
@@ -37,9 +40,12 @@ def shares(jobs: list[JobView], total: int) -> dict[str, int]:
 
 @dataclass
 class SharePolicy:
-    """Equal shares within each job's GPU bounds; the requested batch size."""
+    """Equal shares within each job's GPU bounds; the requested batch size, or with
+    ``tune_batch`` the global batch the online models predict is best for each job's share
+    (as ONES picks it), so a job's batch follows its GPUs and what its models learn."""
 
     name: str = "share"
+    tune_batch: bool = False
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         jobs = arrival_order(list(snapshot.jobs))
@@ -61,7 +67,16 @@ class SharePolicy:
             if placement is None:  # fragmented: fewer GPUs, or none this round
                 continue
             placed[job.job_id] = placement
+        best: dict[str, np.ndarray] = {}
+        if self.tune_batch and placed:
+            est = estimate(snapshot, first_gpus=max(snapshot.node_gpus, default=1))
+            best = {j.job_id: est.batch[i] for i, j in enumerate(est.jobs)}
         for job in jobs:
             if job.job_id in placed:
-                plans.append(job_plan(job, placed[job.job_id], job.requested_batch))
+                batch = job.requested_batch
+                row = best.get(job.job_id)
+                g = sum(placed[job.job_id].values())
+                if row is not None and g < len(row) and row[g] > 0:
+                    batch = int(row[g])
+                plans.append(job_plan(job, placed[job.job_id], batch))
         return fit_cpus(snapshot, Plan(tuple(plans)))

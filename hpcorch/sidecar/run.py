@@ -42,7 +42,9 @@ from hpcorch.protocol import (
     ENV_PLAN,
     EXIT_CONFIG,
     EXIT_DONE,
+    EXIT_LAUNCH_LOST,
     EXIT_RELAUNCH,
+    LAUNCH_FILE,
     METRICS_FILE,
     REQUEUE_REQUEST_FILE,
     SIDECAR_STATE_FILE,
@@ -61,6 +63,7 @@ from hpcorch.sidecar.config import (
     parse_output_line,
     signal_number,
 )
+from hpcorch.sidecar.lost import lost_reason, node_failure_line, read_launch_record
 
 KILL_WAIT_S = 15.0
 POLL_S = 0.2
@@ -115,6 +118,8 @@ class Sidecar:
         # the script uses the runtime (found at this or an earlier launch): relay only
         self.managed = bool(self.prior.get("managed"))
         self.resumed_reported = False
+        self.node_failure = False
+        """srun reported a lost node during this launch."""
 
     # --- set-up ---------------------------------------------------------------------------
     def _batch(self) -> tuple[int, int]:
@@ -295,6 +300,8 @@ class Sidecar:
                 dst.flush()
             except (OSError, ValueError):
                 pass
+            if raw.startswith(b"srun: ") and node_failure_line(raw):
+                self.node_failure = True
             if rx is None:
                 continue
             now = time.time()
@@ -466,6 +473,11 @@ class Sidecar:
     def _finish(self, rc: int) -> int:
         requeue = (self.cfg.job_dir / REQUEUE_REQUEST_FILE).exists()
         stopping = self.stop_started is not None and not self.managed
+        if stopping or requeue or rc in (EXIT_DONE, EXIT_RELAUNCH):
+            why = self._launch_lost()
+            if why is not None:  # no result, no requeue (Slurm did), no write: not the owner
+                log(f"launch {self.launch} lost a node or a rank ({why}): not a result")
+                return EXIT_LAUNCH_LOST
         if stopping or (requeue and not self.managed):
             self._report_stop()
             self._write_state("stopped")
@@ -478,6 +490,11 @@ class Sidecar:
         else:
             log(f"training failed with exit code {rc}", logging.ERROR)
         return rc
+
+    def _launch_lost(self) -> str | None:
+        """Why this launch is not a result (hpcorch.sidecar.lost), None when it is one."""
+        owner, info = read_launch_record(self.cfg.job_dir / LAUNCH_FILE, self.job_id, self.env)
+        return lost_reason(self.job_id, self.launch, owner, info, self.node_failure)
 
     def _report_stop(self) -> None:
         now = time.time()

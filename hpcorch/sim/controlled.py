@@ -82,12 +82,15 @@ def simulate_controlled(
     settings: Settings | None = None,
     jump: bool = True,
     log: Callable[[str], None] = _quiet,
+    keep_state: Path | None = None,
 ) -> SimResult:
     """Run the controller with ``policy`` over a simulated pool until every job finished.
 
     ``config`` gives the pool and the scheduling round (``round_s``); its ``restart_cost``
     is not used: a resize costs the parts of ``cost`` (default: the real pool's figures)
     plus the controller's own waits. ``on_round`` is called after every cycle.
+    ``keep_state``: copy the controller's store there at the end (for ``hpcorch report``;
+    its times are simulated seconds).
     """
     cfg = config or SimConfig()
     cost = cost or ResizeCost()
@@ -113,7 +116,7 @@ def simulate_controlled(
     timed = _Timed(policy, policy.name)
     cycles = 0
     with tempfile.TemporaryDirectory(prefix="hpcorch-sim-") as tmp:
-        store = Store(Path(tmp) / "state.db")
+        store = Store(Path(tmp) / "state.db", clock=side.now)
         try:
             ctl = Controller(side, store, timed, loop_cfg, log=log)
             t = side.now()
@@ -139,6 +142,9 @@ def simulate_controlled(
                     on_round(side.world)
             resizes = sum(r.resizes for r in store.jobs())
             rebatches = store.count_decisions("rebatch")
+            if keep_state is not None:
+                store.set_meta("total_gpus", str(sum(cfg.node_gpus)))
+                store.backup(keep_state)
         finally:
             store.close()
     results = [

@@ -46,7 +46,8 @@ from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
 FIRST_JOB_ID = 1000
-JOB_DIR_PREFIX = "sim:"
+JOB_DIR_PREFIX = "/sim/"
+"""Simulated job directories: plain absolute paths, as the controller accepts."""
 
 
 class SimSlurmError(HpcorchError):
@@ -218,15 +219,13 @@ class SimSlurm:
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        j = self._by_dir.get(job_dir)
-        if j is None:
-            raise SimSlurmError(f"no job directory {job_dir}")
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        j = self._job(slurm_id)
         j.plan = plan
         if j.state == "RUNNING" and plan.launch == j.launches - 1 and plan.gpus == j.gpus:
             self._rebatch(j, plan)
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
+    def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         j = self._by_dir.get(job_dir)
         if j is None:
             return [], offset

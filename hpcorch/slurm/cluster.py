@@ -4,24 +4,26 @@
 With the command-line backend a cycle's observation costs two Slurm calls
 (``squeue --json``, ``sinfo --json``), plus one ``scontrol show reservation``
 every ``reservation_ttl`` seconds (extended when it nears its end). Jobs are filtered
-client-side: Slurm 22.05's ``--json`` ignores filters.
+client-side: Slurm 22.05's ``--json`` ignores filters. Plans go to the controller's spool
+and metrics are read from the jobs' directories without following links
+(hpcorch/slurm/files.py).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
-from hpcorch.planner import LaunchPlan, write_plan
-from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE, PLAN_FILE
+from hpcorch.planner import LaunchPlan
+from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
+from hpcorch.slurm.files import Spool, read_lines
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
@@ -45,13 +47,16 @@ class SlurmCluster:
         backend: SlurmBackend | None = None,
         reservation_ttl: float = 60.0,
         signal: str = CHECKPOINT_SIGNAL,
+        spool: Path | None = None,
     ) -> None:
         self.reservation = reservation
         self.backend = backend or make_backend()
         self.signal = signal
         self.reservation_ttl = reservation_ttl
+        self.spool = Spool(spool) if spool is not None else None
         self._pool_nodes: tuple[str, ...] = ()
         self._pool_read_at = -1e18
+        self._spool_swept_at = -1e18
         self._cpus_per_gpu: dict[int, int] = {}
         """CPUs per GPU each job of the pool asked for, as last observed."""
         self.pool_ends_at = 0.0
@@ -192,10 +197,12 @@ class SlurmCluster:
                     start_time=float(j.start_time),
                     tags=tags,
                     end_time=float(j.end_time),
+                    uid=j.uid,
                     per_node=per_node,
                 )
             )
         self._cpus_per_gpu = cpus_per_gpu
+        self._sweep_spool(j.job_id for j in jobs)
         return Observation(
             time=time.time(),
             nodes=nodes,
@@ -203,6 +210,13 @@ class SlurmCluster:
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
         )
+
+    def _sweep_spool(self, known: Iterable[int]) -> None:
+        """Remove the plans of jobs Slurm no longer lists (every ``reservation_ttl``)."""
+        if self.spool is None or time.monotonic() - self._spool_swept_at < self.reservation_ttl:
+            return
+        self._spool_swept_at = time.monotonic()
+        self.spool.discard_except(set(known))
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -238,30 +252,19 @@ class SlurmCluster:
             if not any(s in str(exc).lower() for s in ok):
                 raise
 
-    # --- files in the job directory -----------------------------------------------------
-    def write_plan(self, job_dir: str, plan: LaunchPlan) -> None:
-        directory = Path(job_dir)
-        directory.mkdir(parents=True, exist_ok=True)  # gone, or never made: the job needs it
-        write_plan(directory / PLAN_FILE, plan)
-
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[list[dict[str, Any]], int]:
-        path = Path(job_dir) / METRICS_FILE
+    # --- files: plans in the spool, metrics in the job's directory --------------------
+    def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
+        if self.spool is None:
+            raise HpcorchError("this controller has no spool to write plans to")
         try:
-            with open(path, "rb") as fh:
-                fh.seek(offset)
-                data = fh.read(4 << 20)
-        except FileNotFoundError:
-            return [], offset
-        end = data.rfind(b"\n") + 1  # only whole lines; a partial last line waits
-        lines = []
-        for raw in data[:end].splitlines():
-            try:
-                doc = json.loads(raw)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                lines.append(doc)
-        return lines, offset + end
+            self.spool.write_plan(slurm_id, plan, uid)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot write the plan to {self.spool.path(slurm_id)}: {exc.strerror}"
+            ) from exc
+
+    def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
+        return read_lines(f"{job_dir.rstrip('/')}/{METRICS_FILE}", offset, uid)
 
 
 def _date(t: float) -> str:

@@ -269,25 +269,26 @@ def make_options(
     extra: Sequence[str] = (),
     pooled: bool = False,
 ) -> SlurmOptions:
-    """Validated options; an :class:`OptionError` names the first bad one."""
+    """Validated options; an :class:`OptionError` names the first bad one. None: not
+    given; an empty string is a bad value (never silently "not given")."""
     if pooled and exclusive:
         raise OptionError(f"--exclusive is not for a job in a pool ({POOL_REFUSED['exclusive']})")
-    if pooled and dependency:
+    if pooled and dependency is not None:
         raise OptionError(
             "--dependency is not for a job in a pool: the controller starts pool jobs "
             "itself and would hold GPUs for a job Slurm keeps waiting (submit it when the "
             "jobs it depends on are done)"
         )
-    if mail_user and not mail_type:
+    if mail_user and mail_type is None:
         mail_type = "END,FAIL"  # what a user giving an address means; sbatch would send none
     return SlurmOptions(
-        account=check_account(account) if account else None,
-        qos=check_account(qos, "--qos") if qos else None,
-        mem=check_mem(mem) if mem else None,
-        constraint=check_constraint(constraint) if constraint else None,
-        mail_type=check_mail_type(mail_type) if mail_type else None,
-        mail_user=check_mail_user(mail_user) if mail_user else None,
-        dependency=check_dependency(dependency) if dependency else None,
+        account=check_account(account) if account is not None else None,
+        qos=check_account(qos, "--qos") if qos is not None else None,
+        mem=check_mem(mem) if mem is not None else None,
+        constraint=check_constraint(constraint) if constraint is not None else None,
+        mail_type=check_mail_type(mail_type) if mail_type is not None else None,
+        mail_user=check_mail_user(mail_user) if mail_user is not None else None,
+        dependency=check_dependency(dependency) if dependency is not None else None,
         exclusive=exclusive,
         extra=check_extra(extra, pooled),
     )

@@ -92,6 +92,8 @@ class SlurmJob:
     work_dir: str
     reservation: str
     held: bool
+    uid: int = -1
+    """The owner's Unix user id (-1: not reported)."""
     gpus_by_node: tuple[int, ...] = ()
     """GPUs allocated on each node of ``nodes`` (Slurm's node order), while it holds them."""
     gpus_per_job: int = 0
@@ -208,6 +210,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
+        uid=_num(raw.get("user_id"), -1),
         gpus_by_node=gpus_by_node(raw.get("gres_detail")),
         gpus_per_job=gpus_in(_tres(raw.get("tres_per_job"))),
         cpus_per_gpu=gpus_in(_tres(raw.get("cpus_per_tres"))),
@@ -307,7 +310,7 @@ def parse_reservation(line: str) -> SlurmReservation | None:
 
 SACCT_FIELDS = (
     "JobID,JobName,User,State,Partition,Reservation,NodeList,NNodes,AllocTRES,Submit,Start,End,"
-    "TimelimitRaw,ExitCode,WorkDir,Comment"
+    "TimelimitRaw,ExitCode,WorkDir,Account,QOS,Comment"
 )
 """``sacct -o`` fields ``parse_sacct`` reads (the comment last: it may hold anything)."""
 
@@ -321,7 +324,7 @@ def parse_sacct(text: str) -> list[SlurmJob]:
         if len(cols) != width + 1 or not cols[0].isdigit():
             continue  # array or het job ids (123_4, 123+0) are not hpcorch's
         (jid, name, user, state, part, resv, nodes, nnodes, tres, sub, start, end) = cols[:12]
-        limit, exit_code, work_dir, comment = cols[12:]
+        limit, exit_code, work_dir, account, qos, comment = cols[12:]
         code, _, sig = exit_code.partition(":")
         count = _num(nnodes, 0)
         gpus = sum(int(m) for m in re.findall(r"gres/gpu(?::[^=,]+)?=(\d+)", tres))
@@ -346,6 +349,8 @@ def parse_sacct(text: str) -> list[SlurmJob]:
                 work_dir=work_dir,
                 reservation="" if resv in ("(null)",) else resv,
                 held=False,
+                account=account,
+                qos=qos,
             )
         )
     return jobs

@@ -200,6 +200,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         work_dir=_str(job.working_directory),
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+        uid=_int(job.user_id) if isinstance(job.user_id, int) else -1,
         gpus_by_node=gpus_by_node_from_pyslurm(job) if nodes else (),
         cpus_per_gpu=_int(getattr(job, "cpus_per_gpu", 0)),
         account=_str(getattr(job, "account", "")),

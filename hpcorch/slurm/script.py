@@ -31,6 +31,7 @@ from hpcorch.protocol import (
     ENV_RESUME_ARGS,
     ENV_RESUME_CMD,
     ENV_SCRIPT_CKPT_DIR,
+    ENV_SPOOL,
     ENV_STOP_COMMAND,
     ENV_STOP_GRACE,
     ENV_STOP_SIGNAL,
@@ -129,6 +130,9 @@ class JobSpec:
     max_relaunches: int = -1
     """Relaunches after the job checkpointed on its own, e.g. at its time limit (-1: no
     cap)."""
+    spool: str | None = None
+    """The controller's spool (a job in its pool): the wrapper reads the plan from
+    <spool>/<Slurm job id>/plan.json, which only the controller writes."""
 
     @property
     def gpus(self) -> int:
@@ -257,6 +261,8 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append((ENV_MAX_RELAUNCHES, str(spec.max_relaunches)))
     if spec.managed:
         env.append(("HPCORCH_CONTROLLED", "1"))
+        if spec.spool:
+            env.append((ENV_SPOOL, spec.spool))
     if spec.sidecar is not None:
         env += spec.sidecar.env()
     env += list(spec.extra_env)

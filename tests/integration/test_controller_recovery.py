@@ -169,8 +169,18 @@ def test_500_jobs_cycle_stays_bounded(env_pool: Pool, tmp_path: Path) -> None:
         store = ctl.store()
         cycles = list(reversed(store.recent_cycles(2)))
         assert [c["jobs"] for c in cycles] == [500, 500]
-        started = [d for d in store.decisions() if d.action == "start"]
-        assert len(started) >= 1 and sum(d.to_gpus for d in started) <= 8  # 2 nodes x 4 GPUs
+        decisions = store.decisions()
+        assert any(d.action == "start" for d in decisions)
+        # GPUs granted at once never pass the pool's 2 nodes x 4 GPUs. (ONES may take back
+        # a start in the second cycle and give the GPUs to another job: a start, then a
+        # hold or requeue of the same job.)
+        held: dict[int, int] = {}
+        for d in decisions:
+            if d.action == "start" and d.status == "done":
+                held[d.slurm_id] = d.to_gpus
+            elif d.action in ("hold", "requeue_hold", "signal"):
+                held.pop(d.slurm_id, None)
+            assert sum(held.values()) <= 8, [(x.slurm_id, x.action, x.to_gpus) for x in decisions]
         # Slurm calls: squeue + sinfo (+ the reservation, first cycle) + 3 per start; none per job
         assert cycles[0]["slurm_calls"] <= 4 + 3 * 8
         assert cycles[1]["slurm_calls"] <= 2 + 3 * 8

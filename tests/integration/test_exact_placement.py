@@ -50,7 +50,8 @@ def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
     of the 6 there: the 6-GPU job waits until the other job holds its two, then Slurm can
     only place it as planned."""
     res = f"t-exact-{os.getpid()}"
-    cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env))
+    spool = Path(env_pool.env["HPCORCH_SPOOL"])  # where the wrapper looks for plans
+    cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env), spool=spool)
     cluster.ensure_reservation("n1,n2", getpass.getuser(), None)
     cfg = LoopConfig(round_s=0, settings=Settings(min_run_s=0, exact_wait_s=300))
     ctl = Controller(cluster, Store(tmp_path / "state.db"), FourOnN2TwoOnN1(), cfg, log=print)
@@ -59,8 +60,9 @@ def test_a_4_plus_2_plan_runs_as_4_plus_2_in_the_planned_rank_order(
     sleeper.chmod(0o755)
     try:
 
-        def submit(*args: str) -> int:
-            return int(env_pool.hpcorch("submit", *args, "--pool", res, "--parsable").stdout)
+        def submit(script: str, *args: str) -> int:
+            out = env_pool.hpcorch("submit", *args, "--pool", res, "--parsable", script)
+            return int(out.stdout)
 
         job = submit(
             str(PROBE), "--name", "probe", "--min-gpus", "6", "--max-gpus", "6",

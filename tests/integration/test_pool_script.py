@@ -28,7 +28,7 @@ def processes_of(tmp: Path) -> list[str]:
 @pytest.mark.skipif(not _slurm_installed(), reason="Slurm is not installed")
 def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
     pdir = tmp_path / "pool"
-    port = str(pool_port_base() + 100)
+    port = str(pool_port_base() + 200)
     up = pool(pdir, "up", "--nodes", "2", "--gpus-per-node", "2", "--port-base", port)
     assert up.returncode == 0, up.stderr
     assert "up: 2 nodes x 2 GPUs" in up.stderr
@@ -111,7 +111,7 @@ def test_down_ends_only_its_own_pools_job_steps(slurm_pool: Pool, tmp_path: Path
         "--gpus-per-node",
         "1",
         "--port-base",
-        str(pool_port_base() + 100),
+        str(pool_port_base() + 200),
     )
     assert up.returncode == 0, up.stderr
     conf_b = pdir / "etc" / "slurm.conf"

@@ -20,7 +20,7 @@ from hpcorch.policy.types import JobPlan, Plan, Snapshot
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.cluster import SlurmCluster
 from tests.conftest import Pool
-from tests.integration.controller_util import ELASTIC, job_dir, metrics_lines, wait_for
+from tests.integration.controller_util import ELASTIC, metrics_lines, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -40,7 +40,8 @@ class TwoGpus:
 
 def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_path: Path) -> None:
     res = f"t-rebatch-{os.getpid()}"
-    cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env))
+    spool = Path(env_pool.env["HPCORCH_SPOOL"])  # where the wrapper looks for plans
+    cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env), spool=spool)
     cluster.ensure_reservation("n1", getpass.getuser(), None)
     policy = TwoGpus()
     cfg = LoopConfig(round_s=0, settings=Settings(min_run_s=0))
@@ -48,9 +49,9 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
     record = tmp_path / "seen"
     try:
         out = env_pool.hpcorch(
-            "submit", str(ELASTIC), "--pool", res, "--name", "rb", "--min-gpus", "2",
+            "submit", "--pool", res, "--name", "rb", "--min-gpus", "2",
             "--max-gpus", "2", "--batch-size", "64", "--max-batch-size", "256",
-            "--max-per-gpu-batch", "64", "--parsable", "--", "--global-batch", "64",
+            "--max-per-gpu-batch", "64", "--parsable", str(ELASTIC), "--global-batch", "64",
             "--samples", "1024", "--epochs", "3", "--sample-delay", "0.004",
             "--record", str(record),
         )  # fmt: skip
@@ -95,7 +96,8 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
         assert sorted(seen) == [0, 1, 2]
         for epoch, idx in seen.items():
             assert sorted(idx) == list(range(1024)), f"epoch {epoch}"
-        assert json.loads((job_dir(env_pool, job) / "plan.json").read_text())["global_batch"] == 128
+        plan = json.loads((spool / str(job) / "plan.json").read_text())  # the controller's copy
+        assert plan["global_batch"] == 128
     finally:
         env_pool.run("scancel", f"--reservation={res}", check=False)
         time.sleep(1)

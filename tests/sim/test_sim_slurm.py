@@ -31,15 +31,15 @@ def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
     sid, job_dir = seen.slurm_id, seen.tags["dir"]
     with pytest.raises(SimSlurmError):
         side.signal_checkpoint(sid)
-    side.write_plan(job_dir, LaunchPlan(global_batch=1024, gpus=4, max_micro_batch=256))
+    side.write_plan(sid, LaunchPlan(global_batch=1024, gpus=4, max_micro_batch=256), -1)
     side.start(sid, Shape(1, 4, ("sim001",)))
     (seen,) = side.observe().jobs
     assert (seen.state, seen.node_names, seen.gpus) == ("RUNNING", ("sim001",), 4)
     side.advance(25)  # still starting up: nothing to report
-    lines, off = side.read_metrics(job_dir, 0)
+    lines, off = side.read_metrics(job_dir, 0, -1)
     assert lines == []
     side.advance(60)
-    lines, off = side.read_metrics(job_dir, off)
+    lines, off = side.read_metrics(job_dir, off, -1)
     assert [ln["event"] for ln in lines][:2] == ["start", "steps"]
     assert lines[0]["time"] == pytest.approx(40.0)  # released at 10, 30 s start-up
     steps = [ln for ln in lines if ln["event"] == "steps"]
@@ -60,10 +60,10 @@ def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
     side.requeue_hold(sid)
     (seen,) = side.observe().jobs
     assert (seen.state, seen.held, seen.restarts) == ("PENDING", True, 1)
-    side.write_plan(job_dir, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=256, launch=1))
+    side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=256, launch=1), -1)
     side.start(sid, Shape(1, 2))
     side.advance(120)
-    lines, off = side.read_metrics(job_dir, off)
+    lines, off = side.read_metrics(job_dir, off, -1)
     assert [ln for ln in lines if ln["event"] == "steps"][-1]["global_batch"] == 512
     assert side.jobs[0].model.progress > progress
     side.cancel(sid)
@@ -112,24 +112,24 @@ def test_a_batch_only_plan_is_taken_without_a_restart(apps: dict[str, AppTrace])
     side = SimSlurm([WorkloadJob("a", 0.0, "cifar10", 2, 128)], apps, (4,), COST, report_s=10.0)
     side.advance(1)
     (seen,) = side.observe().jobs
-    job_dir = seen.tags["dir"]
-    side.write_plan(job_dir, LaunchPlan(global_batch=256, gpus=2, max_micro_batch=512))
+    sid, job_dir = seen.slurm_id, seen.tags["dir"]
+    side.write_plan(sid, LaunchPlan(global_batch=256, gpus=2, max_micro_batch=512), -1)
     side.start(seen.slurm_id, Shape(1, 2, ("sim000",), per_node=(2,)))
     side.advance(60)
     job = side.jobs[0]
     assert job.model.batch == 256
     progress, finish = job.model.progress, job.finish_at
     # the running launch's own plan (launch 0) rewritten: taken now, no restart
-    side.write_plan(job_dir, LaunchPlan(global_batch=1024, gpus=2, max_micro_batch=512))
+    side.write_plan(sid, LaunchPlan(global_batch=1024, gpus=2, max_micro_batch=512), -1)
     assert job.model.batch == 1024 and job.launches == 1 and job.model.rescale_left == 0
     assert job.finish_at < finish  # a larger batch: fewer steps to go at this noise
     side.advance(30)
     assert job.model.progress > progress and job.launches == 1
-    lines, _ = side.read_metrics(job_dir, 0)
+    lines, _ = side.read_metrics(job_dir, 0, -1)
     batches = [ln["global_batch"] for ln in lines if ln["event"] == "steps"]
     assert batches[0] == 256 and batches[-1] == 1024
     # a plan for the next launch is kept for it, not taken now
-    side.write_plan(job_dir, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=512, launch=1))
+    side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=512, launch=1), -1)
     assert job.model.batch == 1024
 
 

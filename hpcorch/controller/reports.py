@@ -1,0 +1,107 @@
+"""What a job reports (its metrics lines), taken into its record. Pure but for ``log``.
+
+Every value is checked (hpcorch/controller/validate.py): a line with a bad required value
+is dropped, an optional bad value is ignored. A job's script writes these lines, so
+nothing here may raise on anything a line holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hpcorch.controller.store import JobRecord, Sample
+from hpcorch.controller.validate import MAX_COUNT, as_float, as_int, printable, steps_line
+
+
+def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) -> Sample | None:
+    """Take one metrics line into ``rec``; the throughput sample it carries, if any."""
+    event = line.get("event")
+    if event in ("launch", "mode", "checkpoint", "resumed", "stop"):
+        _sidecar_event(rec, str(event), line, log)
+        return None
+    if event == "start":
+        rec.ready = 1
+        rec.start_failures = 0  # it started for real: failed starts count from 0 again
+        # when it started training (the job's own clock; reconcile.trained_since bounds it)
+        rec.ready_at = as_float(line.get("time"), 0.0, 1e11) or rec.phase_since
+        epochs = as_int(line.get("epochs"), 1, 10**7)
+        size = as_int(line.get("dataset_size"), 1, MAX_COUNT)
+        if epochs:
+            rec.epochs = epochs
+        if size:
+            rec.steps_per_epoch = size / max(1, rec.batch)
+        return None
+    if event != "steps":
+        return None
+    s = steps_line(line)
+    if s is None:
+        return None
+    gpus = s.gpus or rec.gpus
+    batch = s.global_batch or rec.global_batch or rec.batch
+    if s.epoch is not None:
+        rec.epoch = s.epoch
+    if s.total_steps and rec.mode == "sidecar":
+        rec.epochs = rec.epochs or 1
+        rec.steps_per_epoch = s.total_steps * batch / max(1, rec.batch) / rec.epochs
+    rec.global_batch = batch
+    rec.cpus_per_gpu = s.cpus_per_gpu or rec.cpus_per_gpu
+    rec.micro_batch = s.micro_batch
+    rec.accum_steps = s.accum_steps
+    rec.samples_per_s = s.samples_per_s
+    rec.progress = max(rec.progress, s.step * batch / max(1, rec.batch))
+    return Sample(
+        slurm_id=rec.slurm_id,
+        time=s.time,
+        gpus=gpus,
+        nodes=max(1, rec.nodes),
+        micro_batch=rec.micro_batch,
+        accum_steps=rec.accum_steps,
+        global_batch=batch,
+        step_time=s.step_time,
+        samples_per_s=rec.samples_per_s,
+        loss=s.loss,
+        noise_scale=s.noise_scale,
+        step=s.step,
+        cpus_per_gpu=rec.cpus_per_gpu,
+        data_wait=s.data_wait,
+        epoch=rec.epoch,
+    )
+
+
+def _flag(line: Mapping[str, Any], key: str, default: int) -> int:
+    value = line.get(key)
+    return int(value) if isinstance(value, bool) else default
+
+
+def _sidecar_event(
+    rec: JobRecord, event: str, line: Mapping[str, Any], log: Callable[[str], None]
+) -> None:
+    """What the sidecar (or the runtime) says about stopping and resuming the job."""
+    if event == "launch":
+        if rec.mode_detected:
+            return  # it uses the runtime: ready once the runtime reports its start
+        rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
+        rec.start_failures = 0
+        rec.mode = "sidecar"
+        rec.resumable = _flag(line, "resumable", rec.resumable)
+        rec.predictable = _flag(line, "predictable", rec.predictable)
+        rec.needs_ckpt = _flag(line, "watches_checkpoints", rec.needs_ckpt)
+    elif event == "mode" and line.get("mode") == "managed":
+        if rec.mode != "managed" or not rec.mode_detected:
+            log(f"job {rec.slurm_id} uses hpcorch's runtime: managed mode")
+        rec.mode, rec.mode_detected = "managed", 1
+        rec.resumable = rec.predictable = 1
+    elif event == "checkpoint":
+        rec.checkpoints = min(rec.checkpoints + 1, MAX_COUNT)
+    elif event == "resumed":
+        lost = as_int(line.get("lost_steps"), 1, MAX_COUNT)
+        if lost:
+            rec.lost_steps = min(rec.lost_steps + lost, MAX_COUNT)
+            step = as_int(line.get("step"), 0, MAX_COUNT)
+            log(f"job {rec.slurm_id} resumed at step {step}: {lost} steps lost")
+    elif event == "stop" and line.get("graceful") is False:
+        rec.kills += 1
+        waited = line.get("waited_s")
+        shown = printable(str(waited), 16) if isinstance(waited, int | float) else "?"
+        log(f"job {rec.slurm_id} ignored its stop signal and was killed after {shown} s")

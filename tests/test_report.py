@@ -1,0 +1,123 @@
+"""``hpcorch report`` on a recorded controller store (a run of slurm/demo) and on a
+simulation's kept store: the data against a golden file, the picture, bad input.
+
+Regenerate the golden file after a deliberate change of the report's data:
+    hpcorch report tests/data/demo-state.db --json > tests/data/demo-report.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpcorch.cli import main
+from hpcorch.report import from_store
+
+DATA = Path(__file__).resolve().parent / "data"
+STORE = DATA / "demo-state.db"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, ["report", *args])
+    return res.exit_code, res.stdout, res.stderr
+
+
+def without_source(doc: dict[str, object]) -> dict[str, object]:
+    return {k: v for k, v in doc.items() if k not in ("source", "picture")}
+
+
+def test_recorded_store_matches_golden_json() -> None:
+    code, out, err = run(str(STORE), "--json")
+    assert code == 0, err
+    golden = json.loads((DATA / "demo-report.json").read_text())
+    assert without_source(json.loads(out)) == without_source(golden)
+
+
+def test_recorded_store_shows_the_policy_acting() -> None:
+    """The recorded demo: A grew and shrank and changed its global batch; every job ended."""
+    rep = from_store(STORE)
+    a = next(j for j in rep.jobs if j.name == "A")
+    kinds = {m.kind for m in a.marks}
+    assert {"grow", "shrink", "batch"} <= kinds
+    assert len(set(a.batches)) >= 2
+    assert len({s.gpus for s in a.segments}) >= 2
+    assert all(j.phase == "done" and j.jct_s and j.jct_s > 0 for j in rep.jobs)
+    assert {j.mode for j in rep.jobs} == {"managed", "sidecar"}
+    # the pool never holds more GPUs than it has
+    assert max(g for _, g in rep.utilisation) <= rep.total_gpus
+    assert 0 < rep.mean_utilisation() <= 1
+
+
+def test_table_and_picture(tmp_path: Path) -> None:
+    png = tmp_path / "r.png"
+    code, out, err = run(str(STORE), "--out", str(png))
+    assert code == 0, err
+    assert out.splitlines()[0].split()[:3] == ["JOBID", "NAME", "MODE"]
+    assert f"picture: {png}" in out
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(data) > 20_000  # bars, marks, labels: not an empty canvas
+
+
+def test_simulation_store(tmp_path: Path) -> None:
+    """A simulation through the production controller keeps its store; report reads it
+    in simulated seconds."""
+    csv = tmp_path / "w.csv"
+    csv.write_text(
+        "name,time,application,num_replicas,batch_size\n"
+        "ncf-0,0,ncf,1,256\ncifar10-1,30,cifar10,2,256\n"
+    )
+    keep = tmp_path / "keep"
+    res = CliRunner().invoke(
+        main,
+        ["simulate", str(csv), "--policy", "share", "--nodes", "1", "--engine", "controller",
+         "--keep-state", str(keep)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    code, out, err = run(str(keep / "w-share.db"), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert [j["name"] for j in doc["jobs"]] == ["ncf-0", "cifar10-1"]
+    assert doc["total_gpus"] == 4
+    for j in doc["jobs"]:
+        assert j["jct_s"] > 0 and j["segments"]
+        # simulated seconds: the segments lie within the run, decisions included
+        assert all(0 <= s["start"] <= s["end"] <= doc["end"] for s in j["segments"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["/no/such/dir"], "no controller state at /no/such/dir"),
+        (["/no/such/state.db"], "no controller state at /no/such/state.db"),
+        ([str(DATA / "demo-report.json")], "not a readable controller state"),
+        (["--pool-gpus", "0", str(STORE)], "--pool-gpus"),
+    ],
+)
+def test_bad_input_one_line(args: list[str], needle: str) -> None:
+    code, _, err = run(*args)
+    assert code != 0
+    assert "Traceback" not in err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert needle in lines[-1]
+
+
+def test_unwritable_picture(tmp_path: Path) -> None:
+    code, _, err = run(str(STORE), "--out", str(tmp_path / "no" / "dir" / "r.png"))
+    assert code == 1 and "Traceback" not in err
+    assert "cannot write" in err.splitlines()[-1]
+
+
+def test_without_matplotlib_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    png = tmp_path / "r.png"
+    code, _, err = run(str(STORE), "--out", str(png))
+    assert code == 1 and "Traceback" not in err and not png.exists()
+    assert "pip install 'hpcorch[plot]'" in err.splitlines()[-1]
+    code, out, _ = run(str(STORE), "--json")  # the data needs no matplotlib
+    assert code == 0 and json.loads(out)["jobs"]
