@@ -16,6 +16,7 @@ seen (running and completed): all run the same code on the same kind of node.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -77,7 +78,12 @@ class ThroughputModel:
             self._cb = np.array([float(max(min_batch, 1))])
             self._ct = np.array([PRIOR_COMPUTE_S])
         if len(self._cb) >= 2:
-            slope, _icept = np.polyfit(self._cb, self._ct, 1)
+            # Samples at one micro batch make the fit rank-deficient; numpy then returns
+            # the least-norm line (slope about time / batch), which is what is wanted here,
+            # and warns once per fit: thousands of lines in a long simulation.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", np.exceptions.RankWarning)
+                slope, _icept = np.polyfit(self._cb, self._ct, 1)
             self._slope = max(float(slope), 0.0)
         else:
             self._slope = float(self._ct[0] / self._cb[0]) * 0.8
