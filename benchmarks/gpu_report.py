@@ -71,6 +71,7 @@ class Measured:
     nodes: int = 1
     gpus: int = 1
     sync_time: float = 0.0
+    accum_steps: int = 1
 
 
 def model_fit(points: list[dict[str, Any]]) -> list[dict[str, Any]]:

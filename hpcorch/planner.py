@@ -45,8 +45,9 @@ def plan_batch(
 
     Each GPU takes ``global_batch // gpus`` samples per optimizer step, in the fewest
     accumulation steps that keep the micro-batch within the memory bound, each of
-    ``per_gpu // accum`` samples. The effective global batch (micro x accum x gpus) never
-    exceeds the request and is exact whenever it divides evenly.
+    ``per_gpu // accum`` samples (fewer passes if the samples kept fit in fewer). The
+    effective global batch (micro x accum x gpus) never exceeds the request, is exact
+    whenever it divides evenly, and planning it again gives the same split.
     """
     if gpus < 1:
         raise BatchPlanError(f"gpus must be >= 1, got {gpus}")
@@ -63,6 +64,12 @@ def plan_batch(
     per_gpu = global_batch // gpus
     accum = -(-per_gpu // max_micro_batch)  # ceil: fewest passes within the memory bound
     micro = per_gpu // accum
+    # What is kept may need fewer passes (64 in passes of at most 12: 6 x 10 = 60 = 5 x 12):
+    # take them, so that planning the effective batch again gives the same split.
+    while accum > 1 and -(-(micro * accum) // max_micro_batch) < accum:
+        per_gpu = micro * accum
+        accum = -(-per_gpu // max_micro_batch)
+        micro = per_gpu // accum
     if micro < min_micro_batch:
         raise BatchPlanError(
             f"global batch {global_batch} on {gpus} GPUs needs {accum} accumulation steps of "

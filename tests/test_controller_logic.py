@@ -129,6 +129,7 @@ class FakeCluster:
 CFG = LoopConfig(
     interval_s=1,
     round_s=0,
+    restart_cost_s=0,  # the fake clock stands still: a launch may be resized at once
     settings=Settings(min_run_s=0, grace_s=30, max_retries=1, startup_s=0, relaunch_delay_s=0),
 )
 

@@ -322,3 +322,21 @@ def test_an_exception_placing_one_start_holds_only_that_job(
     one = ctl.store.job(1)
     assert one is not None and one.reason.startswith("controller error placing its start")
     assert c.state(1) == "PENDING" and c.state(2) == "RUNNING"
+
+
+def test_a_start_report_from_the_future_cannot_make_a_job_unstoppable() -> None:
+    """The start report's time is the job's to write: claiming to start training in the
+    future must not keep the launch from being resized or preempted for good."""
+    from hpcorch.controller.reconcile import Settings, can_stop
+
+    s = Settings()
+    rec = JobRecord(1, "k", "n", "u", "/d", "a", 1, 4, 64, 64, 64, 0.0, "running", 1000.0, gpus=2)
+    digest(rec, {"event": "start", "time": 9e10}, lambda m: None)
+    assert rec.ready == 1
+    late = 1000.0 + s.startup_s + max(s.min_run_s, 30.0)
+    assert not can_stop(rec, 1000.0 + s.min_run_s, s, 30.0)
+    assert can_stop(rec, late, s, 30.0)
+    honest = JobRecord(2, "k", "n", "u", "/d", "a", 1, 4, 64, 64, 64, 0.0, "running", 1000.0)
+    digest(honest, {"event": "start", "time": 1010.0}, lambda m: None)
+    assert not can_stop(honest, 1010.0 + s.min_run_s - 1, s)
+    assert can_stop(honest, 1010.0 + s.min_run_s, s)

@@ -27,10 +27,15 @@ def test_bounds_hold_everywhere() -> None:
         plan = plan_batch(batch, gpus, max_micro)
         assert 1 <= plan.micro_batch <= max_micro
         assert plan.global_batch <= batch
-        # the fewest accumulation steps that respect the memory bound
-        assert plan.accum_steps == -(-(batch // gpus) // max_micro)
-        if batch % (gpus * plan.accum_steps) == 0:
+        # the fewest accumulation steps that respect the memory bound, for the samples kept
+        fewest = -(-(batch // gpus) // max_micro)
+        assert plan.accum_steps == -(-(plan.micro_batch * plan.accum_steps) // max_micro)
+        assert plan.accum_steps <= fewest
+        if batch % (gpus * fewest) == 0:
             assert plan.global_batch == batch
+        # planning the effective batch again gives the same split: what a policy plans is
+        # what the runtime runs
+        assert plan_batch(plan.global_batch, gpus, max_micro) == plan
 
 
 def test_same_inputs_same_plan() -> None:

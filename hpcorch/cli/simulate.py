@@ -11,8 +11,9 @@ import click
 
 from hpcorch.cli import params
 from hpcorch.policy import POLICIES, make_policy
-from hpcorch.sim import loop
-from hpcorch.sim.controlled import simulate_controlled
+from hpcorch.sim import costs, loop
+from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
+from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
@@ -106,11 +107,47 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="Seconds between scheduling rounds.",
 )
 @click.option(
-    "--restart-cost",
-    default=30.0,
+    "--interval",
+    "interval_s",
+    default=INTERVAL_S,
+    show_default=True,
+    type=params.Number(1.0, 3600.0),
+    help="Seconds between the controller's cycles (1 s while a job starts or stops).",
+)
+@click.option(
+    "--checkpoint-s",
+    default=costs.CHECKPOINT_S,
     show_default=True,
     type=params.Number(0.0, 86400.0),
-    help="Seconds without progress after a job's GPUs or placement change.",
+    help="Resize cost: signal -> checkpoint written.",
+)
+@click.option(
+    "--exit-s",
+    default=costs.EXIT_S,
+    show_default=True,
+    type=params.Number(0.0, 86400.0),
+    help="Resize cost: checkpoint -> the job's processes have exited.",
+)
+@click.option(
+    "--requeue-s",
+    default=costs.REQUEUE_S,
+    show_default=True,
+    type=params.Number(0.0, 86400.0),
+    help="Resize cost: exit -> relaunch (the controller's relaunch delay).",
+)
+@click.option(
+    "--startup-s",
+    default=costs.STARTUP_S,
+    show_default=True,
+    type=params.Number(0.0, 86400.0),
+    help="Resize cost: relaunch -> first training step (every start pays it).",
+)
+@click.option(
+    "--restart-cost",
+    default=None,
+    type=params.Number(0.0, 86400.0),
+    help="--engine direct: seconds without progress after a job's GPUs or placement change "
+    "[default: the sum of the four parts above].",
 )
 @click.option(
     "--cpus-per-node",
@@ -145,10 +182,11 @@ def _workload_path(value: Path, data: Path) -> Path:
 )
 @click.option(
     "--engine",
-    type=click.Choice(["direct", "controller"]),
-    default="direct",
+    type=click.Choice(["controller", "direct"]),
+    default="controller",
     show_default=True,
-    help="direct: the policy loop; controller: the production controller over simulated Slurm.",
+    help="controller: the production controller over a simulated Slurm; direct: a bare "
+    "round-by-round policy loop (kept as a test oracle).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
@@ -176,7 +214,12 @@ def simulate(
     nodes: int,
     gpus_per_node: int,
     round_s: float,
-    restart_cost: float,
+    interval_s: float,
+    checkpoint_s: float,
+    exit_s: float,
+    requeue_s: float,
+    startup_s: float,
+    restart_cost: float | None,
     cpus_per_node: int,
     cpu_demand: tuple[str, ...],
     cpus_per_gpu: int,
@@ -211,6 +254,12 @@ def simulate(
             f"{max(cpus_per_gpu, 1)} CPUs",
             param_hint="--cpus-per-node",
         )
+    if engine == "controller" and restart_cost is not None:
+        raise click.UsageError(
+            "--restart-cost is for --engine direct; the controller engine charges "
+            "--checkpoint-s, --exit-s, --requeue-s and --startup-s"
+        )
+    cost = ResizeCost(checkpoint_s, exit_s, requeue_s, startup_s)
     if keep_state is not None and engine != "controller":
         raise click.UsageError("--keep-state needs --engine controller")
     if keep_state is not None:
@@ -218,13 +267,11 @@ def simulate(
             keep_state.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise click.ClickException(f"cannot create {keep_state}: {exc.strerror}") from None
-    if engine == "controller" and (demand or cpus_per_gpu):
-        raise click.UsageError("--cpu-demand and --cpus-per-gpu need --engine direct")
     config = SimConfig(
         nodes,
         gpus_per_node,
         round_s,
-        restart_cost,
+        cost.total if restart_cost is None else restart_cost,
         cpus_per_node=cpus_per_node,
         cpu_demand=demand,
         cpus_per_gpu=cpus_per_gpu,
@@ -249,7 +296,14 @@ def simulate(
                     else:
                         kept = keep_state / f"{stem}-{name}.db" if keep_state else None
                         run = simulate_controlled(
-                            jobs, make_policy(name, seed), apps, config, tick, keep_state=kept
+                            jobs,
+                            make_policy(name, seed),
+                            apps,
+                            config,
+                            tick,
+                            cost=cost,
+                            interval_s=interval_s,
+                            keep_state=kept,
                         )
                 except (TraceError, RuntimeError) as exc:
                     raise click.ClickException(f"{stem} {name}: {exc}") from None

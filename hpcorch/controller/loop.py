@@ -24,11 +24,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcorch.cluster import Cluster, Observation
+from hpcorch.cluster import Cluster, Observation, Shape
 from hpcorch.controller import adopt, reconcile
+from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action, Settings
 from hpcorch.controller.reports import digest
-from hpcorch.controller.snapshot import build_snapshot, completed
+from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
 from hpcorch.errors import HpcorchError
@@ -58,7 +59,8 @@ class LoopConfig:
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
-    """What the policy assumes a resize costs a job."""
+    """What the policy assumes a resize costs a job; a running job also trains at least
+    this long (and at least ``settings.min_run_s``) before it is stopped again."""
     max_starts_per_cycle: int = 64
     settings: Settings = field(default_factory=Settings)
 
@@ -126,19 +128,28 @@ class Controller:
         self._history_ids: set[int] = set()
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
+        self._pool_meta = ""
+        self._profiles = Profiles()
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
-        self._known: set[int] | None = None
-        """Slurm ids of the jobs in the store (read once, then kept up to date)."""
         self._plan_batch: dict[int, int] = {}
         """The global batch of the plan each running launch has (this controller's writes)."""
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
+        self.records = Records(store)
+        """Every job's record as the store holds it (the controller is its only writer)."""
 
     # --- one cycle ----------------------------------------------------------------------
     def cycle(self, full: bool = True) -> CycleStats:
         """One cycle. ``full=False``: a fast cycle, which reads only the metrics of jobs in
         transition (what moves their state machines)."""
+        try:
+            return self._cycle(full)
+        except BaseException:
+            self.records.load()  # the store is the truth: drop what the cycle changed in memory
+            raise
+
+    def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
@@ -146,7 +157,7 @@ class Controller:
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}
         changed = self._adopt_new(obs, now)
-        records = self.store.jobs(active_only=True)
+        records = self.records.active()
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             try:
@@ -166,8 +177,7 @@ class Controller:
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
         if changed or now - self.last_round >= self.config.round_s:
-            samples = {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
-            decision_s, acts = self._schedule(obs, records, samples, now)
+            decision_s, acts = self._schedule(obs, records, now)
             pending += acts
             self.last_round = now
         try:
@@ -176,21 +186,22 @@ class Controller:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
+        # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
-            for rec in records:
-                self._put(rec, now)
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
             ]
         starts = 0
+        done: list[tuple[int, str]] = []
         for rec, action, decision_id in intents:
             if action.kind == "start":
                 starts += 1
                 if starts > self.config.max_starts_per_cycle:
-                    self.store.finish_decision(decision_id, "deferred")
+                    done.append((decision_id, "deferred"))
                     continue
-            self._execute(rec, action, decision_id)
+            done.append((decision_id, self._execute(rec, action)))
         stats = CycleStats(
             time=now,
             seconds=time.perf_counter() - t0,
@@ -199,13 +210,23 @@ class Controller:
             jobs=len(records),
             actions=len(intents),
         )
-        self.store.add_cycle(stats)
-        pool = [
-            {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
-            for n in obs.nodes
-        ]
-        self.store.set_meta("pool", json.dumps(pool))
-        self.store.set_meta("reservation_end", repr(obs.pool_ends_at) if obs.pool_ends_at else "")
+        pool = json.dumps(
+            [
+                {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
+                for n in obs.nodes
+            ]
+        )
+        ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
+        with self.store.transaction():
+            for decision_id, status in done:
+                self.store.finish_decision(decision_id, status)
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
+            self.store.add_cycle(stats)
+            meta = pool + "\n" + ends
+            if meta != self._pool_meta:
+                self.store.set_meta("pool", pool)
+                self.store.set_meta("reservation_end", ends)
+                self._pool_meta = meta
         window = self.config.fast_for_s
         self._flight = any(
             r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
@@ -215,33 +236,27 @@ class Controller:
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
         """Records for jobs seen for the first time, and for lost jobs seen again."""
-        if self._known is None:
-            self._known = self.store.job_ids()
-        lost = self.store.lost_ids()
-        seen = [j for j in obs.jobs if j.slurm_id not in self._known or j.slurm_id in lost]
-        changed = False
-        with self.store.transaction():
-            for j in seen:
-                who = f"job {j.slurm_id} ({printable(j.name)}, {printable(j.user, 32)})"
-                try:
-                    old = self.store.job(j.slurm_id) if j.slurm_id in lost else None
-                    if old is not None and j.tags.get("id", str(j.slurm_id)) == old.job_key:
-                        rec = adopt.readopt(old, j, now)
-                        what = f"reappeared in Slurm ({j.state.lower()}): re-adopted as"
-                    else:
-                        rec = adopt.new_record(j, now)
-                        what = "joined the pool:"
-                except Exception as exc:
-                    rec = adopt.refused(j, now, f"controller error: {describe(exc)}")
-                    what = "joined the pool:"
-                self._put(rec, now)
-                self._known.add(j.slurm_id)
-                changed = True
-                if rec.phase == "refused":
-                    self.warn(f"{who} {rec.reason}")
+        lost = self.records.lost
+        seen = [j for j in obs.jobs if j.slurm_id not in self.records or j.slurm_id in lost]
+        for j in seen:
+            who = f"job {j.slurm_id} ({printable(j.name)}, {printable(j.user, 32)})"
+            try:
+                old = self.records.get(j.slurm_id) if j.slurm_id in lost else None
+                if old is not None and j.tags.get("id", str(j.slurm_id)) == old.job_key:
+                    rec = adopt.readopt(old, j, now)
+                    what = f"reappeared in Slurm ({j.state.lower()}): re-adopted as"
                 else:
-                    self.log(f"{who} {what} {rec.phase}")
-        return changed
+                    rec = adopt.new_record(j, now)
+                    what = "joined the pool:"
+            except Exception as exc:
+                rec = adopt.refused(j, now, f"controller error: {describe(exc)}")
+                what = "joined the pool:"
+            self.records.add(rec)  # stored with the cycle's records, before any action
+            if rec.phase == "refused":
+                self.warn(f"{who} {rec.reason}")
+            else:
+                self.log(f"{who} {what} {rec.phase}")
+        return bool(seen)
 
     # --- bookkeeping --------------------------------------------------------------------
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
@@ -256,14 +271,11 @@ class Controller:
             self._errors[(rec.slurm_id, key)] = msg
             self.log(f"job {rec.slurm_id}: {msg}")
 
-    def _put(self, rec: JobRecord, now: float) -> None:
-        """Store ``rec``; a record that cannot be stored is replaced by a failed one with
-        the reason, so that the job stops being handled rather than the loop."""
-        try:
-            self.store.put_job(rec)
-        except Exception as exc:
-            self._job_error(rec, "saving its record", exc)
-            self.store.put_job(adopt.quarantined(rec, now))
+    def _unstorable(self, rec: JobRecord, exc: BaseException, now: float) -> JobRecord:
+        """What is stored instead of a record the store refuses: a failed one with the
+        reason, so that the job stops being handled rather than the loop."""
+        self._job_error(rec, "saving its record", exc)
+        return adopt.quarantined(rec, now)
 
     def _events(self, rec: JobRecord, events: Sequence[str]) -> None:
         for e in events:
@@ -300,26 +312,26 @@ class Controller:
                         new.append(sample)
             except Exception as exc:
                 self._job_error(rec, "reading its metrics", exc)
-        if new:
-            with self.store.transaction():
-                self.store.add_samples(new)
+        self.records.stage(new)  # stored with the cycle's records
 
     # --- scheduling ---------------------------------------------------------------------
     def _schedule(
         self,
         obs: Observation,
         records: Sequence[JobRecord],
-        samples: dict[int, list[Sample]],
         now: float,
     ) -> tuple[float, list[tuple[JobRecord, Action]]]:
-        for rec in self.store.jobs():
-            if not rec.active and rec.slurm_id not in self._history_ids and rec.phase == "done":
-                self.history.append(completed(rec, self.store.samples(rec.slurm_id)))
+        for rec in self.records.ended():
+            if rec.phase == "done" and rec.slurm_id not in self._history_ids:
+                self.history.append(completed(rec, self.records.samples(rec.slurm_id)))
                 self._history_ids.add(rec.slurm_id)
+            self.records.forget_samples(rec.slurm_id)
+            self._profiles.forget(rec.slurm_id)
         # a queued job backing off after a failed start is not planned: its GPUs go to others
         active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
         pins, requests = self._requests(obs, active)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
+        samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
         t0 = time.perf_counter()
         try:
             snapshot = build_snapshot(
@@ -333,6 +345,8 @@ class Controller:
                 self.config.restart_cost_s,
                 requests,
                 obs.fair_shares,
+                self.config.settings,
+                self._profiles,
             )
             t0 = time.perf_counter()
             plan = split_schedule(self.policy, snapshot)
@@ -377,6 +391,7 @@ class Controller:
                     jp.cpus_per_gpu if jp else 0,
                     self._plan_batch.get(rec.slurm_id, 0),
                     live and bool(rec.job_dir),
+                    restart_cost_s=self.config.restart_cost_s,
                 )
             except Exception as exc:
                 self._job_error(rec, "carrying out its plan", exc)
@@ -437,52 +452,50 @@ class Controller:
             rec.slurm_id, a.kind, rec.gpus, to, rec.target_batch or rec.batch, a.reason
         )
 
-    def _execute(self, rec: JobRecord, a: Action, decision_id: int) -> None:
+    def _launch_plan(
+        self, rec: JobRecord, gpus: int, launch: int, batch: int, shape: Shape | None = None
+    ) -> LaunchPlan:
+        return LaunchPlan(
+            global_batch=batch,
+            gpus=gpus,
+            max_micro_batch=max(1, rec.max_micro),
+            job=rec.job_key,
+            launch=launch,
+            placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
+        )
+
+    def _execute(self, rec: JobRecord, a: Action) -> str:
+        """Carry out ``a``; the decision's status ('done' or the error)."""
         try:
             if a.kind == "start":
                 assert a.shape is not None
                 batch = max(rec.target_batch or rec.batch, a.shape.gpus)
-                self.cluster.write_plan(
-                    rec.slurm_id,
-                    LaunchPlan(
-                        global_batch=batch,
-                        gpus=a.shape.gpus,
-                        max_micro_batch=max(1, rec.max_micro),
-                        job=rec.job_key,
-                        launch=rec.launches,
-                        placement=tuple(zip(a.shape.node_names, a.shape.per_node, strict=False)),
-                    ),
-                    rec.uid,
-                )
+                plan = self._launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape)
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.cluster.start(rec.slurm_id, a.shape)
                 self._plan_batch[rec.slurm_id] = batch
-            elif a.kind == "rebatch":  # same launch, same GPUs: no Slurm call
-                self.cluster.write_plan(
-                    rec.slurm_id,
-                    LaunchPlan(
-                        global_batch=rec.target_batch,
-                        gpus=rec.gpus,
-                        max_micro_batch=max(1, rec.max_micro),
-                        job=rec.job_key,
-                        launch=max(0, rec.launches - 1),
-                    ),
-                    rec.uid,
+            elif a.kind == "rebatch":
+                # the running launch's own plan, rewritten: the job takes the new batch at its
+                # next step, no restart, no Slurm call (only jobs that can take it get this)
+                plan = self._launch_plan(
+                    rec, rec.gpus, max(0, rec.launches - 1), max(rec.target_batch, 1)
                 )
-                self._plan_batch[rec.slurm_id] = rec.target_batch
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
+                self._plan_batch[rec.slurm_id] = plan.global_batch
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
                 self.cluster.hold(rec.slurm_id)
             elif a.kind == "requeue_hold":
                 self.cluster.requeue_hold(rec.slurm_id)
-            self.store.finish_decision(decision_id)
+            return "done"
         except Exception as exc:
             msg = describe(exc)
-            self.store.finish_decision(decision_id, f"error: {msg}")
             if a.kind == "start":
                 self._start_failed(rec, msg)
             else:
                 self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
+            return f"error: {msg}"
 
     def _start_failed(self, rec: JobRecord, why: str) -> None:
         """Back to the queue with its GPUs released, retried after an exponential back-off;
@@ -504,7 +517,7 @@ class Controller:
                 400,
             )
         self.warn(f"job {rec.slurm_id}: {rec.reason}")
-        self._put(rec, now)
+        # stored at the end of this cycle, with the decision's status
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
@@ -514,7 +527,7 @@ class Controller:
             now = self.cluster.now()
             return any(
                 r.phase in ("starting", "stopping") and now - r.phase_since < self.config.fast_for_s
-                for r in self.store.jobs(active_only=True)
+                for r in self.records.active()
             )
         return self._flight
 

@@ -41,7 +41,8 @@ class Settings:
     max_retries: int = 2
     """Relaunches after a failure before the job is left failed."""
     min_run_s: float = 60.0
-    """A launch runs at least this long before the controller resizes it."""
+    """A launch trains at least this long (and at least the restart cost the policy is
+    told) after it reported its start before the controller resizes or preempts it."""
     startup_s: float = 600.0
     """A launch that has not reported its start is left alone this long (it could not
     checkpoint yet: a signal would kill it); after that it is treated as started."""
@@ -398,7 +399,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
     if rec.phase == "running" and job.restarts > rec.slurm_restarts:
         # requeued and started again by Slurm between two cycles (a node failure)
         rec.launches += 1
-        rec.ready = 0
+        rec.ready, rec.ready_at = 0, 0.0
         _set_phase(rec, "running", now, f"relaunched by Slurm (restart {job.restarts})")
         rec.phase_since = now
         out.events.append(f"requeued: by Slurm and running again, restart {job.restarts}")
@@ -406,7 +407,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.launches += 1
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
-        rec.ready = 0
+        rec.ready, rec.ready_at = 0, 0.0
         _set_phase(rec, "running", now, f"launch {rec.launches}")
     if job.node_names:
         rec.gpus = job.gpus
@@ -443,6 +444,30 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
             rec.signalled_at = now
 
 
+def trained_since(rec: JobRecord, now: float, s: Settings) -> float | None:
+    """When the running launch started training: its start report, or the end of
+    ``startup_s`` for one that never reports; None while it is still starting up. The
+    report's time is the job's to write: one later than ``startup_s`` after the launch
+    counts as that (a job cannot make itself unstoppable with a time in the future)."""
+    if rec.ready:
+        if rec.ready_at <= 0:
+            return rec.phase_since
+        return min(rec.ready_at, rec.phase_since + s.startup_s)
+    if now - rec.phase_since >= s.startup_s:
+        return rec.phase_since + s.startup_s
+    return None
+
+
+def can_stop(rec: JobRecord, now: float, s: Settings, restart_cost_s: float = 0.0) -> bool:
+    """Whether a running launch may be stopped (resized, preempted) now: once it trained at
+    least ``max(min_run_s, restart_cost_s)``. Every launch gains more than its restart cost
+    before the next, so no policy can keep a job restarting without progress."""
+    if rec.phase != "running":
+        return False
+    since = trained_since(rec, now, s)
+    return since is not None and now - since >= max(s.min_run_s, restart_cost_s)
+
+
 def decide(
     rec: JobRecord,
     target_gpus: int,
@@ -453,12 +478,16 @@ def decide(
     cpus: int = 0,
     plan_batch: int = 0,
     live_batch: bool = False,
+    *,
+    restart_cost_s: float = 0.0,
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
     ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
     the plan the running launch has (0: unknown: the batch it reports). A running job that
     can take a new batch while it runs (``live_batch``) and is planned at its GPUs with
-    another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten."""
+    another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten.
+    A running job is stopped only once it trained ``max(min_run_s, restart_cost_s)`` since
+    its launch started training (``can_stop``)."""
     out = Outcome()
     if rec.budget_spent():
         return out  # it ends at its next checkpoint (observe), never starts again
@@ -486,10 +515,8 @@ def decide(
         )
         out.events.append(f"rebatch: global batch {was} -> {rec.target_batch}")
     elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
-        if not rec.ready and now - rec.phase_since < s.startup_s:
-            return out  # still starting up: it cannot checkpoint yet
-        if target_gpus > 0 and now - rec.phase_since < s.min_run_s:
-            return out  # let a fresh launch run before paying another restart
+        if not can_stop(rec, now, s, restart_cost_s):
+            return out  # still starting up, or not yet trained for a restart's worth
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus or rec.target_cpus
         rec.target_placement = json.dumps(placement)

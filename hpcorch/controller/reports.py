@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcorch.controller.store import JobRecord, Sample
-from hpcorch.controller.validate import MAX_COUNT, as_int, printable, steps_line
+from hpcorch.controller.validate import MAX_COUNT, as_float, as_int, printable, steps_line
 
 
 def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) -> Sample | None:
@@ -23,6 +23,8 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
     if event == "start":
         rec.ready = 1
         rec.start_failures = 0  # it started for real: failed starts count from 0 again
+        # when it started training (the job's own clock; reconcile.trained_since bounds it)
+        rec.ready_at = as_float(line.get("time"), 0.0, 1e11) or rec.phase_since
         epochs = as_int(line.get("epochs"), 1, 10**7)
         size = as_int(line.get("dataset_size"), 1, MAX_COUNT)
         if epochs:
@@ -63,6 +65,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         step=s.step,
         cpus_per_gpu=rec.cpus_per_gpu,
         data_wait=s.data_wait,
+        epoch=rec.epoch,
     )
 
 

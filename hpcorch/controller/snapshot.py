@@ -2,8 +2,12 @@
 
 Only what jobs report reaches the policy: step times at the configurations they ran,
 epoch progress and the gradient noise scale, their bounds, and the history of finished
-jobs. Jobs in the middle of a transition (starting, stopping) are shown holding the GPUs
-they are moving to or from, so the policy does not hand those GPUs out twice.
+jobs the store holds. A running job is shown where Slurm runs it. A job in the middle of a
+transition is shown fixed (not resizable) on the GPUs it is moving to, which its launch
+names exactly: a starting job on its planned placement, a job stopping to be resized on its
+target (or queued, when it is being preempted). So is a running job that cannot be
+stopped yet (still starting up, or trained less than its
+restart cost: :func:`hpcorch.controller.reconcile.can_stop`), so the policy plans around it.
 """
 
 from __future__ import annotations
@@ -11,53 +15,122 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from statistics import median
 
 import numpy as np
 
 from hpcorch.cluster import PoolNode
+from hpcorch.controller.reconcile import Settings, can_stop, target_shape
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
 
+PROFILE_WINDOW = 200
+"""A configuration's step time is the median of its last this many measurements."""
+
+
+class _Groups:
+    """A job's measurements grouped by configuration, added to as the job reports."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.steps: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
+        self.cpus: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
+        self.value: tuple[tuple[StepSample, ...], tuple[CpuSample, ...]] | None = None
+
+    def add(self, samples: Sequence[Sample]) -> None:
+        for s in samples:
+            if s.step_time <= 0 or s.gpus <= 0 or s.micro_batch <= 0:
+                continue
+            accum = max(1, s.accum_steps)
+            times = self.steps[(s.nodes, s.gpus, s.micro_batch, accum)]
+            times.append(s.step_time)
+            del times[:-PROFILE_WINDOW]
+            if s.cpus_per_gpu > 0:
+                wait = s.data_wait / accum if s.data_wait is not None else None
+                rows = self.cpus[(s.cpus_per_gpu, s.gpus, s.micro_batch)]
+                rows.append((s.step_time / accum, wait))
+                del rows[:-PROFILE_WINDOW]
+        self.seen += len(samples)
+        self.value = None
+
+    def profiles(self) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
+        if self.value is None:
+            steps = tuple(
+                StepSample(
+                    nodes=n, gpus=g, micro_batch=m, step_time=median(t), sync_time=0.0,
+                    accum_steps=k,
+                )
+                for (n, g, m, k), t in sorted(self.steps.items())
+            )  # fmt: skip
+            cpus = []
+            for (c, g, m), rows in sorted(self.cpus.items()):
+                waits = [w for _, w in rows if w is not None]
+                cpus.append(
+                    CpuSample(
+                        cpus_per_gpu=c,
+                        gpus=g,
+                        micro_batch=m,
+                        step_time=median([t for t, _ in rows]),
+                        data_wait=median(waits) if waits else None,
+                    )
+                )
+            self.value = (steps, tuple(cpus))
+        return self.value
+
 
 def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
-    """Median seconds per micro-step at each (nodes, GPUs, micro-batch) a job ran."""
-    groups: dict[tuple[int, int, int], list[float]] = defaultdict(list)
-    for s in samples:
-        if s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
-            groups[(s.nodes, s.gpus, s.micro_batch)].append(s.step_time / max(1, s.accum_steps))
-    return tuple(
-        StepSample(nodes=n, gpus=g, micro_batch=m, step_time=float(np.median(t)), sync_time=0.0)
-        for (n, g, m), t in sorted(groups.items())
-    )
+    """Median seconds per optimizer step at each (nodes, GPUs, micro-batch, accumulation)
+    a job ran (its last ``PROFILE_WINDOW`` measurements of each)."""
+    g = _Groups()
+    g.add(samples)
+    return g.profiles()[0]
 
 
 def cpu_profile_of(samples: Sequence[Sample]) -> tuple[CpuSample, ...]:
     """Median seconds per micro-step (and input wait) at each CPUs-per-GPU count a job ran."""
-    groups: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
-    for s in samples:
-        if s.cpus_per_gpu > 0 and s.step_time > 0 and s.gpus > 0 and s.micro_batch > 0:
-            accum = max(1, s.accum_steps)
-            wait = s.data_wait / accum if s.data_wait is not None else None
-            groups[(s.cpus_per_gpu, s.gpus, s.micro_batch)].append((s.step_time / accum, wait))
-    out = []
-    for (c, g, m), rows in sorted(groups.items()):
-        waits = [w for _, w in rows if w is not None]
-        out.append(
-            CpuSample(
-                cpus_per_gpu=c,
-                gpus=g,
-                micro_batch=m,
-                step_time=float(np.median([t for t, _ in rows])),
-                data_wait=float(np.median(waits)) if waits else None,
-            )
-        )
-    return tuple(out)
+    g = _Groups()
+    g.add(samples)
+    return g.profiles()[1]
+
+
+class Profiles:
+    """Each job's step-time and CPU profiles, kept up to date with what it reports (a
+    round would otherwise take the medians of every job's samples again)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, _Groups] = {}
+
+    def of(
+        self, slurm_id: int, samples: Sequence[Sample]
+    ) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
+        """``samples``: every sample the job reported so far, oldest first."""
+        g = self._jobs.get(slurm_id)
+        if g is None or g.seen > len(samples):
+            g = self._jobs[slurm_id] = _Groups()
+        if g.seen < len(samples):
+            g.add(samples[g.seen :])
+        return g.profiles()
+
+    def forget(self, slurm_id: int) -> None:
+        self._jobs.pop(slurm_id, None)
+
+
+NOISE_WINDOW_S = 120.0
+"""The gradient noise scale shown is the median of what the job reported this long before
+its last report: recent enough to follow the noise as it grows epoch by epoch."""
 
 
 def noise_stats(samples: Sequence[Sample], init_batch: int) -> tuple[float, float] | None:
     """(grad_sqr, grad_var) with grad_var / grad_sqr * init_batch = the noise scale."""
-    values = [s.noise_scale for s in samples[-20:] if s.noise_scale and s.noise_scale > 0]
+    if not samples:
+        return None
+    since = samples[-1].time - NOISE_WINDOW_S
+    values = [
+        s.noise_scale
+        for s in samples[-50:]
+        if s.time >= since and s.noise_scale is not None and s.noise_scale > 0
+    ]
     if not values:
         return None
     return 1.0, float(np.median(values)) / max(1, init_batch)
@@ -74,6 +147,16 @@ def placement_of(rec: JobRecord, pool_index: Mapping[str, int]) -> dict[int, int
     return {pool_index[n]: c for n, c in zip(names, counts, strict=True) if n in pool_index}
 
 
+def _moving_to(rec: JobRecord, pool_names: Sequence[str]) -> dict[int, int]:
+    """The placement a transition moves the job to, if its launch names it exactly."""
+    if rec.target_gpus <= 0:
+        return {}
+    shape = target_shape(rec, tuple(pool_names))
+    if not shape.per_node or shape.gpus != rec.target_gpus:
+        return {}
+    return rec.placement()
+
+
 def job_view(
     rec: JobRecord,
     samples: Sequence[Sample],
@@ -82,32 +165,47 @@ def job_view(
     pin: int | None = None,
     request: tuple[int, int] | None = None,
     down: frozenset[int] = frozenset(),
+    now: float = 0.0,
+    settings: Settings | None = None,
+    restart_cost_s: float = 0.0,
+    profiles: Profiles | None = None,
 ) -> JobView:
     """``request``: the GPUs and global batch the user asked for (default: the minimum
-    GPUs and the initial batch), which the policies that honour requests give it."""
+    GPUs and the initial batch), which the policies that honour requests give it.
+    ``settings`` (with ``now`` and ``restart_cost_s``): the controller's rules for when a
+    running job may be stopped; without them every running job is shown resizable."""
     lo, hi = min(rec.min_gpus, pool_gpus), min(rec.max_gpus, pool_gpus)
     if pin is not None:
         lo = hi = max(1, min(pin, pool_gpus))
     req_gpus, req_batch = request or (0, 0)
     req_gpus = min(max(req_gpus, lo), max(hi, lo))
-    if rec.phase in ("starting",):
-        gpus, placement = rec.target_gpus, rec.placement()
-    elif rec.phase in ("running", "stopping"):
+    movable = rec.movable
+    if rec.phase in ("starting", "stopping"):
+        gpus, placement = rec.target_gpus, _moving_to(rec, list(pool_index))
+        movable = False  # the controller acts on it again once the transition is over
+    elif rec.phase == "running":
         gpus, placement = rec.gpus, placement_of(rec, pool_index)
+        if settings is not None and not can_stop(rec, now, settings, restart_cost_s):
+            movable = False
     else:
         gpus, placement = 0, {}
     if sum(placement.values()) != gpus or set(placement) & down:
         gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
-    if gpus and not rec.movable:  # it keeps what it has, whatever its bounds say now
+    if gpus and not movable:  # it keeps what it has, whatever its bounds say now
         lo, hi = min(lo, gpus), max(hi, gpus)
     micro, accum = rec.micro_batch, max(1, rec.accum_steps)
-    if gpus and (not micro or rec.phase == "starting"):  # the split its launch will use
+    batch = rec.global_batch or rec.batch
+    if gpus and (not micro or rec.phase != "running"):  # the split its launch will use
         try:
             split = plan_batch(max(rec.target_batch or rec.batch, gpus), gpus, rec.max_micro)
-            micro, accum = split.micro_batch, split.accum_steps
+            micro, accum, batch = split.micro_batch, split.accum_steps, split.global_batch
         except BatchPlanError:
             pass
     stats = noise_stats(samples, rec.batch)
+    if profiles is not None:
+        profile, cpu_profile = profiles.of(rec.slurm_id, samples)
+    else:
+        profile, cpu_profile = profile_of(samples), cpu_profile_of(samples)
     steps_per_epoch = rec.steps_per_epoch or 1.0
     epochs = rec.epochs or rec.epoch + 1
     return JobView(
@@ -126,7 +224,7 @@ def job_view(
         progress_per_epoch_hint=steps_per_epoch,
         gpus=gpus,
         placement=placement,
-        batch=rec.global_batch or rec.batch,
+        batch=batch,
         micro_batch=micro,
         accum_steps=accum,
         epoch=rec.epoch,
@@ -136,13 +234,31 @@ def job_view(
         attained_service=rec.gpu_seconds,
         run_time=rec.run_seconds,
         restarts=max(0, rec.launches - 1),
-        profile=profile_of(samples),
+        profile=profile,
         predictable=bool(rec.predictable),
-        resizable=rec.movable,
+        resizable=movable,
+        rebatch=rec.mode != "sidecar",
         cpus_per_gpu=rec.cpus_per_gpu if gpus else 0,
         min_cpus_per_gpu=rec.min_cpus,
-        cpu_profile=cpu_profile_of(samples),
+        cpu_profile=cpu_profile,
     )
+
+
+def noise_history(
+    samples: Sequence[Sample], init_batch: int, epochs: int
+) -> tuple[tuple[float, float], ...]:
+    """(grad_sqr, grad_var) per epoch from the noise scale the job reported in it (the
+    median); epochs it reported nothing in are interpolated between their neighbours."""
+    by_epoch: dict[int, list[float]] = defaultdict(list)
+    for s in samples:
+        if s.noise_scale is not None and s.noise_scale > 0 and s.epoch >= 0:
+            by_epoch[s.epoch].append(s.noise_scale)
+    if not by_epoch:
+        return ()
+    known = sorted(by_epoch)
+    noise = [float(np.median(by_epoch[e])) for e in known]
+    ratio = np.interp(np.arange(max(epochs, known[-1] + 1)), known, noise) / max(1, init_batch)
+    return tuple((1.0, float(r)) for r in ratio)
 
 
 MIN_SHARE = 0.05
@@ -172,15 +288,21 @@ def job_weights(records: Sequence[JobRecord], shares: Mapping[str, float]) -> di
 
 
 def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
+    epochs = rec.epochs or rec.epoch
     return CompletedJob(
         job_id=str(rec.slurm_id),
         application=rec.app,
         jct=max(0.0, rec.finished_at - rec.submit_time),
         gpu_seconds=rec.gpu_seconds,
         progress=rec.progress,
-        epochs=rec.epochs or rec.epoch,
+        epochs=epochs,
         profile=profile_of(samples),
+        grad_history=noise_history(samples, rec.batch, epochs),
     )
+
+
+def _weighted(view: JobView, weight: float) -> JobView:
+    return view if weight == view.weight else replace(view, weight=weight)
 
 
 def build_snapshot(
@@ -194,6 +316,8 @@ def build_snapshot(
     restart_cost_s: float,
     requests: Mapping[int, tuple[int, int]] | None = None,
     fair_shares: Mapping[str, float] | None = None,
+    settings: Settings | None = None,
+    profiles: Profiles | None = None,
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
@@ -206,7 +330,7 @@ def build_snapshot(
     req = requests or {}
     weights = job_weights(records, fair_shares or {})
     views = tuple(
-        replace(
+        _weighted(
             job_view(
                 r,
                 samples.get(r.slurm_id, ()),
@@ -215,8 +339,12 @@ def build_snapshot(
                 pins.get(r.slurm_id),
                 req.get(r.slurm_id),
                 down,
+                now,
+                settings,
+                restart_cost_s,
+                profiles,
             ),
-            weight=weights[r.slurm_id],
+            weights[r.slurm_id],
         )
         for r in records
         if r.active

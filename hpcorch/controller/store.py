@@ -14,13 +14,13 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -51,6 +51,10 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "start_failures INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "retry_at REAL NOT NULL DEFAULT 0"),
         ("jobs", "forced_at REAL NOT NULL DEFAULT 0"),
+    ),
+    6: (
+        ("jobs", "ready_at REAL NOT NULL DEFAULT 0"),
+        ("samples", "epoch INTEGER NOT NULL DEFAULT 0"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
@@ -241,6 +245,8 @@ class JobRecord:
     node_gpus: str = ""
     """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
     on every node."""
+    ready_at: float = 0.0
+    """When the current launch reported that training started (0: not yet)."""
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
@@ -299,6 +305,8 @@ class Sample:
     cpus_per_gpu: int = 0
     data_wait: float | None = None
     """Seconds per step the job waited for its input (None: not measured)."""
+    epoch: int = 0
+    """The epoch the job was in when it reported."""
 
 
 @dataclass
@@ -313,6 +321,22 @@ class CycleStats:
 
 
 _JOB_FIELDS = [f.name for f in fields(JobRecord)]
+_JOB_COLUMNS = ",".join(_JOB_FIELDS)
+_JOB_MARKS = ",".join("?" * len(_JOB_FIELDS))
+_PUT_JOB = f"INSERT OR REPLACE INTO jobs({_JOB_COLUMNS}) VALUES({_JOB_MARKS})"
+_SAMPLE_FIELDS = [f.name for f in fields(Sample)]
+_ADD_SAMPLE = (
+    f"INSERT INTO samples({','.join(_SAMPLE_FIELDS)}) VALUES({','.join('?' * len(_SAMPLE_FIELDS))})"
+)
+
+
+def job_row(rec: JobRecord) -> tuple[Any, ...]:
+    """The record's values in column order (what :meth:`Store.put_job` writes)."""
+    return tuple(getattr(rec, k) for k in _JOB_FIELDS)
+
+
+def _sample_row(s: Sample) -> tuple[Any, ...]:
+    return tuple(getattr(s, k) for k in _SAMPLE_FIELDS)
 
 
 def _job(row: sqlite3.Row) -> JobRecord:
@@ -437,12 +461,10 @@ class Store:
         return None if r is None else _job(r)
 
     def put_job(self, rec: JobRecord) -> None:
-        values = asdict(rec)
-        cols = ",".join(values)
-        marks = ",".join("?" * len(values))
-        self.db.execute(
-            f"INSERT OR REPLACE INTO jobs({cols}) VALUES({marks})", list(values.values())
-        )
+        self.db.execute(_PUT_JOB, job_row(rec))
+
+    def put_jobs(self, records: Sequence[JobRecord]) -> None:
+        self.db.executemany(_PUT_JOB, [job_row(r) for r in records])
 
     def lost_ids(self) -> set[int]:
         """The Slurm ids of the jobs marked lost (they are re-adopted if Slurm shows them)."""
@@ -490,18 +512,15 @@ class Store:
 
     # --- samples ------------------------------------------------------------------------
     def add_samples(self, samples: Sequence[Sample]) -> None:
-        if not samples:
-            return
-        names = list(asdict(samples[0]))
-        self.db.executemany(
-            f"INSERT INTO samples({','.join(names)}) VALUES({','.join('?' * len(names))})",
-            [tuple(asdict(s).values()) for s in samples],
-        )
+        if samples:
+            self.db.executemany(_ADD_SAMPLE, [_sample_row(s) for s in samples])
 
     def samples(self, slurm_id: int) -> list[Sample]:
-        rows = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
-        names = {f.name for f in fields(Sample)}
-        return [Sample(**{k: v for k, v in dict(r).items() if k in names}) for r in rows]
+        cur = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
+        have = [d[0] for d in cur.description]
+        cols = [k for k in _SAMPLE_FIELDS if k in have]  # an older database lacks some
+        idx = [have.index(k) for k in cols]
+        return [Sample(**{k: r[i] for k, i in zip(cols, idx, strict=True)}) for r in cur]
 
     # --- cycles -------------------------------------------------------------------------
     def add_cycle(self, c: CycleStats) -> None:

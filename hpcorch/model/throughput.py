@@ -10,11 +10,13 @@ seen (running and completed): all run the same code on the same kind of node.
   over measurements of the same kind (one node / several nodes) in (log nodes, log GPUs,
   log batch), exact at measured points; an optimistic prior where nothing was measured yet;
 * an iteration with ``k`` micro-steps (gradient accumulation) costs
-  ``step + (k - 1) x compute``.
+  ``step + (k - 1) x compute``; a measurement of such an iteration (a job reports its
+  seconds per optimizer step) is read the same way.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -34,6 +36,8 @@ class StepLike(Protocol):
     def step_time(self) -> float: ...
     @property
     def sync_time(self) -> float: ...
+    @property
+    def accum_steps(self) -> int: ...
 
 
 # Prior overhead as a fraction of the compute time, before any measurement of that kind.
@@ -48,14 +52,20 @@ class ThroughputModel:
 
     def __init__(self, samples: Iterable[StepLike], min_batch: int = 1) -> None:
         uniq: dict[tuple[int, int, int], StepLike] = {}
-        for s in samples:
+        for s in sorted(samples, key=lambda s: s.accum_steps):  # fewest micro-steps first
             uniq.setdefault((s.nodes, s.gpus, s.micro_batch), s)
         self.samples = list(uniq.values())
         self.max_gpus_seen = max((s.gpus for s in self.samples), default=0)
-        single = sorted((s.micro_batch, s.step_time) for s in self.samples if s.gpus == 1)
+        # one GPU: no all-reduce, every micro-step is compute
+        single = sorted(
+            (s.micro_batch, s.step_time / max(1, s.accum_steps))
+            for s in self.samples
+            if s.gpus == 1
+        )
         if not single:
             single = sorted(
-                (s.micro_batch, max(s.step_time - s.sync_time, 1e-6)) for s in self.samples
+                (s.micro_batch, max((s.step_time - s.sync_time) / max(1, s.accum_steps), 1e-6))
+                for s in self.samples
             )
             merged: dict[int, float] = {}
             for b, t in single:
@@ -68,7 +78,12 @@ class ThroughputModel:
             self._cb = np.array([float(max(min_batch, 1))])
             self._ct = np.array([PRIOR_COMPUTE_S])
         if len(self._cb) >= 2:
-            slope, _icept = np.polyfit(self._cb, self._ct, 1)
+            # Samples at one micro batch make the fit rank-deficient; numpy then returns
+            # the least-norm line (slope about time / batch), which is what is wanted here,
+            # and warns once per fit: thousands of lines in a long simulation.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", np.exceptions.RankWarning)
+                slope, _icept = np.polyfit(self._cb, self._ct, 1)
             self._slope = max(float(slope), 0.0)
         else:
             self._slope = float(self._ct[0] / self._cb[0]) * 0.8
@@ -78,7 +93,9 @@ class ThroughputModel:
         ).reshape(-1, 3)
         self._m_inter = np.array([s.nodes > 1 for s in multi], dtype=bool)
         comp = self.compute(np.array([float(s.micro_batch) for s in multi]))
-        self._m_over = np.maximum(np.array([s.step_time for s in multi]) - comp, 0.0)
+        accum = np.array([max(1, s.accum_steps) for s in multi], dtype=float)
+        # the all-reduce happens once per step, after the last micro-step
+        self._m_over = np.maximum(np.array([s.step_time for s in multi]) - accum * comp, 0.0)
 
     def compute(self, micro: np.ndarray) -> np.ndarray:
         """Seconds of forward/backward of one micro-step at per-GPU batch ``micro``."""

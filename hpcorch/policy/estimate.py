@@ -144,6 +144,18 @@ def estimate(
                 speed_now[i, lo + 1 : k + 1] = seg_best[0].min() / seg_best[0]
             time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
             batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
+            g0 = j.gpus
+            if g0 and not j.rebatch and g0 <= k and j.batch > 0:
+                # its batch changes only when it is relaunched: kept at its GPUs
+                it0 = model.iteration_time(
+                    np.array([max(1, len(j.placement))]),
+                    np.array([g0]),
+                    np.array([max(1, j.micro_batch)]),
+                    np.array([max(1, j.accum_steps)]),
+                )
+                gain0 = _gain(np.array(float(j.batch)), j.min_batch, seg_rho)
+                time[i, g0] = float((seg_w * float(it0[0]) / gain0).sum())
+                batch[i, g0] = j.batch
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
     return Estimates(
         jobs=jobs,

@@ -55,7 +55,7 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
         plans += _least_attained(snapshot, unpredictable, free, fixed_ids)
     taken = {p.job_id for p in plans} | {j.job_id for j in unpredictable}
     rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
-    if rest:
+    if rest and sum(free) > 0:  # no GPU left: the rest wait
         cpus = _free_cpus(snapshot, plans)
         inner = policy.schedule(replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=rest))
         plans += inner.jobs

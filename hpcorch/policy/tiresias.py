@@ -5,6 +5,10 @@ attained service (seconds x requested GPUs) reaches 16 GPU-hours, no starvation 
 A job runs only with all the GPUs it requested, queue 0 before queue 1, in arrival order
 within a queue; a running job keeps its GPUs unless it is preempted; GPUs are taken from
 the nodes with the most free GPUs first. Jobs use the batch size they asked for.
+
+A job missing from a round (the controller sets apart a job it cannot move right now, see
+:mod:`hpcorch.policy.split`) keeps its place in its queue; a job missing for
+``forget_s`` (it finished or left) is forgotten.
 """
 
 from __future__ import annotations
@@ -21,14 +25,21 @@ class TiresiasPolicy:
     """2D-LAS with discrete queues; holds its queues across rounds."""
 
     threshold_gpu_s: float = 16 * 3600.0
+    forget_s: float = 3600.0
     name: str = "tiresias"
     _queues: tuple[list[str], list[str]] = field(default_factory=lambda: ([], []))
+    _seen: dict[str, float] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         jobs = {j.job_id: j for j in snapshot.jobs}
         q0, q1 = self._queues
-        q0[:] = [k for k in q0 if k in jobs]
-        q1[:] = [k for k in q1 if k in jobs]
+        for key in jobs:
+            self._seen[key] = snapshot.now
+        gone = {k for k, t in self._seen.items() if snapshot.now - t > self.forget_s}
+        for k in gone:
+            del self._seen[k]
+        q0[:] = [k for k in q0 if k not in gone]
+        q1[:] = [k for k in q1 if k not in gone]
         known = set(q0) | set(q1)
         for j in snapshot.jobs:
             if j.job_id not in known:
@@ -40,7 +51,12 @@ class TiresiasPolicy:
         left = snapshot.total_gpus
         run: list[str] = []
         heavy = {k: -jobs[k].weight for k in jobs}  # within a queue: weight, then arrival
-        for key in (*sorted(q0, key=heavy.__getitem__), *sorted(q1, key=heavy.__getitem__)):
+        for key in (
+            *sorted(q0, key=lambda k: heavy.get(k, 0.0)),
+            *sorted(q1, key=lambda k: heavy.get(k, 0.0)),
+        ):
+            if key not in jobs:
+                continue
             count = min(jobs[key].requested_gpus, snapshot.total_gpus)
             if count <= left:
                 run.append(key)

@@ -15,13 +15,17 @@ from typing import Protocol
 
 @dataclass(frozen=True)
 class StepSample:
-    """One measured configuration: seconds per micro-step and the all-reduce part of it."""
+    """One measured configuration: seconds per step and the all-reduce part of it.
+
+    With gradient accumulation (``accum_steps`` > 1) ``step_time`` covers all the
+    micro-steps of an optimizer step, the last of which carries the all-reduce."""
 
     nodes: int
     gpus: int
     micro_batch: int
     step_time: float
     sync_time: float
+    accum_steps: int = 1
 
 
 @dataclass(frozen=True)
@@ -91,7 +95,12 @@ class JobView:
     predictable: bool = True
     """False for a job that reports no progress: no throughput model can be fitted."""
     resizable: bool = True
-    """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
+    """False for a job that cannot be stopped and resumed now: once running, it keeps its
+    GPUs."""
+    rebatch: bool = True
+    """True when the job takes a new global batch at its next step without a restart (the
+    runtime's managed mode): a batch-only change is free. False: its batch changes only
+    when it is relaunched, so at its current GPUs it keeps the batch it runs with."""
     weight: float = 1.0
     """The job's claim relative to the others (mean 1): its user's fair share split over
     the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every

@@ -45,6 +45,7 @@ def app_bound(app: AppTrace, total_gpus: int, per_node: int) -> tuple[float, flo
     gmax = min(total_gpus, app.max_batch // app.min_micro)
     best_t = np.full(len(work), np.inf)
     best_w = np.full(len(work), np.inf)
+    gains: dict[int, np.ndarray] = {}
     for g in range(1, gmax + 1):
         counts = packed(g, per_node)
         for b in batches:
@@ -52,8 +53,11 @@ def app_bound(app: AppTrace, total_gpus: int, per_node: int) -> tuple[float, flo
                 continue
             bp = plan_batch(b, g, app.max_micro)
             it = app.iteration_time(counts, bp.micro_batch, bp.accum_steps)
-            gains = np.array([app.gain(bp.global_batch, e) for e in range(len(work))])
-            t = work * it / gains
+            gain = gains.get(bp.global_batch)
+            if gain is None:
+                gain = np.array([app.gain(bp.global_batch, e) for e in range(len(work))])
+                gains[bp.global_batch] = gain
+            t = work * it / gain
             best_t = np.minimum(best_t, t)
             best_w = np.minimum(best_w, t * g)
     res = (float(best_t.sum()), float(best_w.sum()))

@@ -49,6 +49,10 @@ class SimJob:
     """CPUs per GPU of the current allocation (0: not modelled, loading is free)."""
     cpu_profile: dict[tuple[int, int, int], tuple[float, float]] = field(default_factory=dict)
     """(CPUs per GPU, GPUs, micro-batch) -> (seconds per micro-step, input wait of it)."""
+    segment: tuple[float, float, float, float] | None = None
+    """(start, progress then, goodput, time reached) of the stretch of steady training the
+    job is in: an epoch ends a whole number of seconds after the stretch began, however
+    the stretch is cut into calls of :meth:`step`."""
 
     @property
     def gpus(self) -> int:
@@ -79,6 +83,29 @@ class SimJob:
         if load <= 0:
             return compute, compute
         return max(st, load) + (self.accum_steps - 1) * max(st - sy, load), compute
+
+    def time_to_finish(self, now: float | None = None) -> float:
+        """Seconds until the job completes if it keeps its configuration (inf without
+        GPUs): the arithmetic of :meth:`step` in one go. ``now``: the time the job has been
+        run to, to continue its stretch of steady training."""
+        if not self.gpus or self.done:
+            return float("inf")
+        app = self.app
+        it = self.iteration_time()[0]
+        t, progress = self.rescale_left, self.progress
+        seg = self.segment
+        for epoch in range(self.epoch, app.epochs):
+            goodput = app.gain(self.batch, epoch) / it
+            nxt = float(app.epoch_end[epoch + 1])
+            t0, p0 = t, progress
+            steady = seg is not None and now is not None and t == 0 and seg[2] == goodput
+            if steady and seg is not None and now is not None and abs(seg[3] - now) <= 1e-6:
+                t0, p0 = seg[0] - now, seg[1]  # the epoch's end was fixed when it began
+            seg = None
+            t = t0 + max(float(round((nxt - p0) / goodput)), 0.0)
+            t = max(t, 0.0)
+            progress = nxt
+        return t
 
     def step(self, now: float, seconds: float) -> None:
         """Run for ``seconds`` starting at ``now`` (true behaviour from the traces)."""
@@ -111,14 +138,21 @@ class SimJob:
             self.grad = app.grad_stats(self.batch, self.epoch)
             goodput = app.gain(self.batch, self.epoch) / it
             nxt = float(app.epoch_end[self.epoch + 1])
-            if self.progress + goodput * seconds < nxt:
-                self.progress += goodput * seconds
+            seg = self.segment
+            if seg is None or seg[2] != goodput or abs(seg[3] - t) > 1e-6:
+                seg = (t, self.progress, goodput, t)  # a new stretch: from here, at this speed
+            t0, p0 = seg[0], seg[1]
+            end = t0 + max(float(round((nxt - p0) / goodput)), 0.0)  # whole seconds
+            if end > t + seconds:
+                self.progress = p0 + goodput * (t + seconds - t0)
                 used = seconds
+                self.segment = (t0, p0, goodput, t + seconds)
             else:
-                used = min(float(round((nxt - self.progress) / goodput)), seconds)
+                used = max(end - t, 0.0)
                 self.grad_history.append(self.grad)
                 self.epoch += 1
                 self.progress = nxt
+                self.segment = (t + used, nxt, -1.0, t + used)  # the next epoch starts here
                 if self.epoch >= app.epochs:
                     self.completion_time = t + used
             self.attained_service += g * used

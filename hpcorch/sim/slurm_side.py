@@ -6,13 +6,18 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
 * a workload job appears when its arrival time has passed, PENDING and held, with the
   hpcorch comment a managed submission carries (min, max, batch, maxbatch, micro, app, dir)
   plus the user's request (req GPUs, reqbatch) for the policies that honour requests;
-* ``start`` gives a held job its shape and releases it; it runs as soon as its GPUs are
-  free (at once when they are), reads the last plan written to its job directory, spends
-  ``restart_cost`` seconds starting up (no progress) and then trains;
-* ``signal_checkpoint``: the job stops training, checkpoints for ``checkpoint_s`` seconds
-  and exits with code 75 (FAILED); ``requeue_hold`` puts an ended job back in the queue,
-  held, restarts + 1 (a running one is killed and loses what it did since its last
-  checkpoint); ``hold`` and ``cancel`` as in Slurm;
+* ``start`` gives a held job its shape and releases it; it runs as soon as the GPUs of its
+  shape are free (at once when they are): exactly ``Shape.per_node`` GPUs on each of
+  ``Shape.node_names`` (rank order) when the shape names them, else the even shape on the
+  nodes Slurm picks; it reads the last plan written to its job directory, spends
+  ``cost.startup_s`` starting up (no progress) and then trains;
+* ``signal_checkpoint``: the job stops training, checkpoints and exits with code 75
+  (FAILED) ``cost.checkpoint_s + cost.exit_s`` later, holding its GPUs until then;
+  ``requeue_hold`` puts an ended job back in the queue, held, restarts + 1 (a running one is
+  killed and loses what it did since its last checkpoint); ``hold`` and ``cancel`` as in
+  Slurm;
+* ``write_plan`` of a running job's own launch number (a batch-only change) is taken at
+  the job's next step, without a restart, as the runtime does;
 * ``read_metrics`` returns the lines a real job writes: a ``start`` event once training
   begins (epochs, dataset size), then ``steps`` lines at most every ``report_s`` seconds
   (measured step time at the current configuration, step count, epoch, batch split,
@@ -20,19 +25,23 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
 * a job that reaches its last epoch exits 0 (COMPLETED) and frees its GPUs.
 
 Ended jobs stay visible for ``min_job_age`` seconds, like Slurm's MinJobAge.
+:meth:`SimSlurm.next_event` tells a driver when the next thing a controller could see
+happens, so it can skip the cycles in which nothing would.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
 from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
-from hpcorch.sim.engine import SimCluster, SimJob
+from hpcorch.sim.costs import ResizeCost
+from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.slurm_jobs import INF, Checkpoint, SlurmJob, job_tags
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -45,72 +54,6 @@ class SimSlurmError(HpcorchError):
     """An action the simulated Slurm refuses (as scontrol would)."""
 
 
-def job_tags(spec: WorkloadJob, app: AppTrace, total_gpus: int, job_dir: str) -> dict[str, str]:
-    """The hpcorch comment of a managed submission of ``spec`` (bounds as the direct loop)."""
-    cap = min(total_gpus, app.max_batch // app.min_micro)
-    return {
-        "id": spec.name,
-        "min": "1",
-        "max": str(max(cap, min(spec.num_replicas, total_gpus))),
-        "batch": str(app.init_batch),
-        "maxbatch": str(app.max_batch),
-        "micro": str(app.max_micro),
-        "req": str(spec.num_replicas),
-        "reqbatch": str(spec.batch_size),
-        "app": spec.application,
-        "dir": job_dir,
-    }
-
-
-@dataclass
-class _Ckpt:
-    progress: float = 0.0
-    epoch: int = 0
-    steps: float = 0.0
-    history: int = 0
-
-
-@dataclass
-class SlurmJob:
-    """What Slurm knows of one simulated job, around its true model."""
-
-    slurm_id: int
-    model: SimJob
-    tags: dict[str, str]
-    state: str = "PENDING"
-    held: bool = True
-    shape: Shape | None = None
-    nodes: tuple[int, ...] = ()
-    restarts: int = 0
-    launches: int = 0
-    exit_code: int = 0
-    start_time: float = 0.0
-    end_time: float = 0.0
-    first_start: float | None = None
-    stop_at: float | None = None
-    """When a signalled job exits (it checkpoints until then)."""
-    training: bool = False
-    """The launch finished starting up and reported its start."""
-    plan: LaunchPlan | None = None
-    micro: int = 0
-    """Per-GPU batch of the running launch (what the job reports)."""
-    steps: float = 0.0
-    """Optimizer steps taken (what the job's runtime counts)."""
-    ckpt: _Ckpt = field(default_factory=_Ckpt)
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    win_steps: float = 0.0
-    win_seconds: float = 0.0
-    last_line: float = -1e18
-
-    @property
-    def gpus(self) -> int:
-        return self.model.gpus
-
-    @property
-    def ended(self) -> bool:
-        return self.state not in ("PENDING", "RUNNING")
-
-
 class SimSlurm:
     """A pool of ``node_gpus`` nodes under a simulated Slurm, running ``jobs``."""
 
@@ -119,18 +62,25 @@ class SimSlurm:
         jobs: Sequence[WorkloadJob],
         apps: Mapping[str, AppTrace],
         node_gpus: tuple[int, ...],
-        restart_cost: float = 30.0,
-        checkpoint_s: float = 5.0,
+        cost: ResizeCost | None = None,
         report_s: float = 60.0,
         min_job_age: float = 300.0,
         user: str = "sim",
+        node_cpus: tuple[int, ...] = (),
+        cpu_demand: Mapping[str, float] | None = None,
+        fixed_cpus: int = 0,
     ) -> None:
-        self.world = SimCluster(list(jobs), apps, node_gpus, restart_cost)
+        self.cost = cost or ResizeCost()
+        self.world = SimCluster(
+            list(jobs), apps, node_gpus, self.cost.startup_s, node_cpus, cpu_demand
+        )
         self.node_gpus = node_gpus
+        self.node_cpus = node_cpus
+        """CPUs per node (empty: CPUs are not modelled)."""
+        self.fixed_cpus = fixed_cpus
+        """CPUs per GPU every job script fixes (0: the shape's, else the site default)."""
         self.node_names = tuple(f"sim{i:03d}" for i in range(len(node_gpus)))
         self._index = {n: i for i, n in enumerate(self.node_names)}
-        self.restart_cost = restart_cost
-        self.checkpoint_s = checkpoint_s
         self.report_s = report_s
         self.min_job_age = min_job_age
         self.user = user
@@ -145,7 +95,15 @@ class SimSlurm:
             self.jobs.append(sj)
             self._by_id[sid] = sj
             self._by_dir[job_dir] = sj
+        self._arrivals = sorted(j.model.spec.time for j in self.jobs)
+        self._running: list[SlurmJob] = []
+        self._waiting: list[SlurmJob] = []
+        """Released pending jobs, in the order Slurm considers them (job id)."""
+        self._finished = 0
         self._calls = 0
+        self._changes = 0
+        """Changes Slurm would show; :meth:`observe` notes how many it has shown."""
+        self._shown = 0
 
     # --- the Cluster protocol -----------------------------------------------------------
     @property
@@ -157,36 +115,43 @@ class SimSlurm:
 
     def observe(self) -> Observation:
         self._calls += 2  # squeue + sinfo
+        self._shown = self._changes
         now = self.world.now
-        used = self._used()
+        used = self._used()[0]
+        # CPUs fixed by every job script: the controller is not told them, so plans none
+        cpus = self.node_cpus if self.node_cpus and not self.fixed_cpus else (0,) * len(used)
         nodes = tuple(
-            PoolNode(name, g, used[i], True)
+            PoolNode(name, g, used[i], True, cpus[i])
             for i, (name, g) in enumerate(zip(self.node_names, self.node_gpus, strict=True))
         )
         seen = []
         for j in self.jobs:
             if j.model.spec.time > now or (j.ended and now - j.end_time > self.min_job_age):
                 continue
-            running = j.state == "RUNNING" or j.ended
-            seen.append(
-                ObservedJob(
-                    slurm_id=j.slurm_id,
-                    name=j.model.spec.name,
-                    user=self.user,
-                    state=j.state,
-                    held=j.held,
-                    reason="JobHeldUser" if j.held else ("" if running else "Resources"),
-                    node_names=tuple(self.node_names[i] for i in j.nodes) if running else (),
-                    gpus_per_node=j.shape.gpus_per_node if j.shape and running else 0,
-                    restarts=j.restarts,
-                    exit_code=j.exit_code,
-                    submit_time=j.model.spec.time,
-                    start_time=j.start_time,
-                    tags=j.tags,
-                    end_time=j.end_time,
-                )
-            )
+            if j.seen is None or j.seen[0] != j.version:
+                j.seen = (j.version, self._observed(j))
+            seen.append(j.seen[1])
         return Observation(time=now, nodes=nodes, jobs=tuple(seen))
+
+    def _observed(self, j: SlurmJob) -> ObservedJob:
+        running = j.state == "RUNNING" or j.ended
+        return ObservedJob(
+            slurm_id=j.slurm_id,
+            name=j.model.spec.name,
+            user=self.user,
+            state=j.state,
+            held=j.held,
+            reason="JobHeldUser" if j.held else ("" if running else "Resources"),
+            node_names=tuple(self.node_names[i] for i in j.nodes) if running else (),
+            gpus_per_node=max(j.counts, default=0) if running else 0,
+            restarts=j.restarts,
+            exit_code=j.exit_code,
+            submit_time=j.model.spec.time,
+            start_time=j.start_time,
+            tags=j.tags,
+            end_time=j.end_time,
+            per_node=j.counts if running else (),
+        )
 
     def start(self, slurm_id: int, shape: Shape) -> None:
         self._calls += 3  # update shape, StartTime, release
@@ -197,8 +162,16 @@ class SimSlurm:
             raise SimSlurmError(f"job {slurm_id}: invalid shape {shape}")
         if shape.node_names and any(n not in self._index for n in shape.node_names):
             raise SimSlurmError(f"job {slurm_id}: invalid node name in {shape.node_names}")
+        if shape.per_node and (
+            len(shape.per_node) != len(shape.node_names) or min(shape.per_node) < 1
+        ):
+            raise SimSlurmError(f"job {slurm_id}: invalid placement {shape}")
         j.shape = shape
         j.held = False
+        self._bump(j)
+        if j not in self._waiting:
+            self._waiting.append(j)
+            self._waiting.sort(key=lambda w: w.slurm_id)
         self._dispatch()
 
     def hold(self, slurm_id: int) -> None:
@@ -207,37 +180,50 @@ class SimSlurm:
         if j.state != "PENDING":
             raise SimSlurmError(f"job {slurm_id}: job is no longer pending execution")
         j.held = True
+        self._bump(j)
+        self._unwait(j)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self._calls += 1
         j = self._job(slurm_id)
         if j.state != "RUNNING":
             raise SimSlurmError(f"job {slurm_id}: job is not running ({j.state})")
+        now = self.world.now
+        j.signalled_at = now
         if j.stop_at is None:
-            j.stop_at = self.world.now + self.checkpoint_s
+            self._flush(j, now)
+            j.first_signal = now
+            j.stop_at = now + self.cost.stop_s
+            j.finish_at = INF
 
     def requeue_hold(self, slurm_id: int) -> None:
         self._calls += 1
         j = self._job(slurm_id)
+        self._bump(j)
         if j.state == "PENDING":
             j.held = True
+            self._unwait(j)
             return
         if j.state == "RUNNING":  # killed: back to its last checkpoint
             self._end(j, "CANCELLED", 0, self.world.now)
             self._restore(j)
         j.state, j.held, j.exit_code = "PENDING", True, 0
         j.restarts += 1
-        j.nodes = ()
+        j.nodes = j.counts = ()
 
     def cancel(self, slurm_id: int) -> None:
         self._calls += 1
         j = self._job(slurm_id)
         if not j.ended:
+            self._unwait(j)
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
-        self._job(slurm_id).plan = plan
+        j = self._job(slurm_id)
+        j.plan = plan
+        if j.state == "RUNNING" and plan.launch == j.launches - 1 and plan.gpus == j.gpus:
+            self._rebatch(j, plan)
 
     def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         j = self._by_dir.get(job_dir)
@@ -247,34 +233,79 @@ class SimSlurm:
 
     # --- the simulated world ------------------------------------------------------------
     def all_done(self) -> bool:
-        return all(j.state in ("COMPLETED", "CANCELLED") for j in self.jobs)
+        return self._finished == len(self.jobs)
+
+    def next_event(self) -> float:
+        """When the next thing a controller could observe happens (inf: nothing more):
+        an arrival, a checkpointed job's exit, a launch starting to train, a completion.
+
+        Completions are predicted a second early (epoch ends are rounded to seconds), so
+        the time is never later than the event."""
+        now = self.world.now
+        if self._changes != self._shown:  # e.g. a start the last cycle asked for: running now
+            return now
+        i = bisect.bisect_right(self._arrivals, now)
+        nxt = self._arrivals[i] if i < len(self._arrivals) else INF
+        for j in self._running:
+            if j.stop_at is not None:
+                nxt = min(nxt, j.stop_at)
+            elif not j.training:
+                nxt = min(nxt, j.train_at)
+            else:
+                nxt = min(nxt, max(self._finish(j) - 1.0, now + 1e-6))
+        return nxt
+
+    def _finish(self, j: SlurmJob) -> float:
+        """When the running job completes: predicted at its launch, predicted again from
+        where it is once that time is near (epoch ends are rounded to whole seconds as the
+        job runs, so a long prediction drifts by a few seconds)."""
+        now = self.world.now
+        if j.stop_at is None and j.finish_at - 1.0 <= now:
+            j.finish_at = now + j.model.time_to_finish(now)
+        return j.finish_at
+
+    def arrived_unfinished(self) -> bool:
+        """Whether some job has arrived and not finished (a controller has work)."""
+        return bisect.bisect_right(self._arrivals, self.world.now) > self._finished
+
+    def awaiting_relaunch(self) -> list[SlurmJob]:
+        """Jobs that exited (checkpointed or failed) and were not requeued yet."""
+        return [j for j in self.jobs if j.state == "FAILED"]
+
+    def stopping(self) -> list[SlurmJob]:
+        """Running jobs that were signalled to checkpoint."""
+        return [j for j in self._running if j.stop_at is not None]
 
     def advance(self, seconds: float) -> None:
-        """Run the world for ``seconds``: training, checkpoint exits, queued launches."""
-        end = self.world.now + seconds
+        """Run the world for ``seconds``."""
+        self.advance_to(self.world.now + seconds)
+
+    def advance_to(self, end: float) -> None:
+        """Run the world to ``end``: training, checkpoint exits, completions and the launches
+        of released jobs whose GPUs they free, each at its own time."""
         while True:
+            now = self.world.now
+            for j in [r for r in self._running if r.stop_at is not None and r.stop_at <= now]:
+                self._checkpoint(j)
+                self._end(j, "FAILED", EXIT_RELAUNCH, j.stop_at or now)
             self._dispatch()
-            stops = [j.stop_at for j in self.jobs if j.stop_at is not None]
-            nxt = min([end, *stops])
-            self._run(nxt - self.world.now)
-            now = self.world.now = nxt
-            for j in self.jobs:
-                if j.stop_at is not None and j.stop_at <= now and j.state == "RUNNING":
-                    self._checkpoint(j)
-                    self._end(j, "FAILED", EXIT_RELAUNCH, now)
             if now >= end:
                 break
-        self._dispatch()
-        self.world.timeline.append((self.world.now, sum(j.gpus for j in self.jobs)))
+            nxt = end
+            for j in self._running:
+                t = j.stop_at if j.stop_at is not None else self._finish(j)
+                if now < t < nxt:
+                    nxt = t
+            self._run(nxt - now)
+            self.world.now = nxt
+        self.world.timeline.append((self.world.now, sum(j.gpus for j in self._running)))
 
     def _run(self, dt: float) -> None:
         if dt <= 0:
             return
         now = self.world.now
-        self.world.allocated_gpu_seconds += dt * sum(j.gpus for j in self.jobs)
-        for j in self.jobs:
-            if j.state != "RUNNING":
-                continue
+        self.world.allocated_gpu_seconds += dt * sum(j.gpus for j in self._running)
+        for j in list(self._running):
             m = j.model
             if j.stop_at is not None:  # checkpointing: GPUs held, no progress
                 m.attained_service += m.gpus * dt
@@ -300,80 +331,129 @@ class SimSlurm:
                 self._report(j, now + dt)
 
     # --- launches -----------------------------------------------------------------------
-    def _used(self) -> list[int]:
-        used = [0] * len(self.node_gpus)
-        for j in self.jobs:
-            if j.state == "RUNNING" and j.shape is not None:
-                for i in j.nodes:
-                    used[i] += j.shape.gpus_per_node
-        return used
+    def _used(self) -> tuple[list[int], list[int]]:
+        """GPUs and CPUs in use on each node."""
+        gpus, cpus = [0] * len(self.node_gpus), [0] * len(self.node_gpus)
+        for j in self._running:
+            for i, c in zip(j.nodes, j.counts, strict=True):
+                gpus[i] += c
+                cpus[i] += c * j.model.cpus_per_gpu
+        return gpus, cpus
 
     def _dispatch(self) -> None:
-        """Start released pending jobs whose GPUs are free (arrival order, no backfill)."""
-        waiting = [
-            j
-            for j in self.jobs
-            if j.state == "PENDING" and not j.held and j.shape is not None and not j.ended
-        ]
-        if not waiting:
+        """Start released pending jobs whose GPUs (and CPUs) are free (job id order, no
+        backfill)."""
+        if not self._waiting:
             return
-        used = self._used()
-        for j in waiting:
+        used, used_cpus = self._used()
+        for j in list(self._waiting):
             assert j.shape is not None
             free = [g - u for g, u in zip(self.node_gpus, used, strict=True)]
-            nodes = self._fit(j.shape, free)
-            if nodes is None:
+            where = self._fit(j.shape, free)
+            if where is None:
                 continue
-            for i in nodes:
-                used[i] += j.shape.gpus_per_node
-            self._launch(j, nodes)
+            per_gpu = self._cpus_per_gpu(j.shape, where[0])
+            if self.node_cpus and any(
+                used_cpus[i] + c * per_gpu > self.node_cpus[i] for i, c in zip(*where, strict=True)
+            ):
+                continue
+            for i, c in zip(*where, strict=True):
+                used[i] += c
+                used_cpus[i] += c * per_gpu
+            j.model.cpus_per_gpu = per_gpu
+            self._launch(j, *where)
 
-    def _fit(self, shape: Shape, free: list[int]) -> tuple[int, ...] | None:
-        per = shape.gpus_per_node
+    def _cpus_per_gpu(self, shape: Shape, nodes: tuple[int, ...]) -> int:
+        """The CPUs with each GPU of a launch: the fixed count, the shape's, else the site
+        default (node CPUs / node GPUs); 0 where CPUs are not modelled."""
+        if not self.node_cpus:
+            return 0
+        if self.fixed_cpus or shape.cpus_per_gpu:
+            return self.fixed_cpus or shape.cpus_per_gpu
+        return min(self.node_cpus[i] // max(self.node_gpus[i], 1) for i in nodes)
+
+    def _fit(self, shape: Shape, free: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(nodes, GPUs on each) for ``shape`` on the ``free`` GPUs, or None."""
         if shape.node_names:
             idx = tuple(self._index[n] for n in shape.node_names)
-            return idx if all(free[i] >= per for i in idx) else None
+            counts = shape.per_node or (shape.gpus_per_node,) * len(idx)
+            if all(free[i] >= c for i, c in zip(idx, counts, strict=True)):
+                return idx, counts
+            return None
+        per = shape.gpus_per_node
         fits = sorted((i for i, f in enumerate(free) if f >= per), key=lambda i: (free[i], i))
-        return tuple(sorted(fits[: shape.nodes])) if len(fits) >= shape.nodes else None
+        if len(fits) < shape.nodes:
+            return None
+        return tuple(sorted(fits[: shape.nodes])), (per,) * shape.nodes
 
-    def _launch(self, j: SlurmJob, nodes: tuple[int, ...]) -> None:
-        assert j.shape is not None
+    def _launch(self, j: SlurmJob, nodes: tuple[int, ...], counts: tuple[int, ...]) -> None:
         m = j.model
         now = self.world.now
-        gpus = j.shape.gpus
-        plan = j.plan
+        self._unwait(j)
+        j.state, j.held, j.nodes, j.counts = "RUNNING", False, nodes, counts
+        j.start_time, j.stop_at, j.training = now, None, False
+        j.launches += 1
+        self._bump(j)
+        if j.first_start is None:
+            j.first_start = now
+        self._running.append(j)
+        m.placement = tuple(zip(nodes, counts, strict=True))
+        self._set_batch(j, j.plan)
+        m.rescale_left = self.cost.startup_s
+        j.train_at = now + self.cost.startup_s
+        m.restarts += 1
+        if m.start_time is None:
+            m.start_time = now
+        j.win_steps = j.win_seconds = 0.0
+        j.last_line = -1e18
+        j.finish_at = now + m.time_to_finish(now)
+
+    def _set_batch(self, j: SlurmJob, plan: LaunchPlan | None) -> None:
+        """The batch split the runtime derives from ``plan`` on the job's GPUs."""
+        m = j.model
+        gpus = m.gpus
         want = plan.global_batch if plan else int(j.tags["batch"])
         micro_cap = plan.max_micro_batch if plan else m.app.max_micro
         try:
             bp = plan_batch(max(want, gpus), gpus, micro_cap)
         except BatchPlanError:
             bp = plan_batch(gpus, gpus, 1)
-        j.state, j.held, j.nodes = "RUNNING", False, nodes
-        j.start_time, j.stop_at, j.training = now, None, False
-        j.launches += 1
-        if j.first_start is None:
-            j.first_start = now
-        m.placement = tuple((i, j.shape.gpus_per_node) for i in nodes)
         # Below the smallest measured per-GPU batch a step takes as long as at that batch.
         app = m.app
         m.batch, m.accum_steps, j.micro = bp.global_batch, bp.accum_steps, bp.micro_batch
         m.micro_batch = min(max(bp.micro_batch, app.min_micro), app.max_micro)
-        m.rescale_left = self.restart_cost
-        m.restarts += 1
-        if m.start_time is None:
-            m.start_time = now
-        j.win_steps = j.win_seconds = 0.0
-        j.last_line = -1e18
+
+    def _rebatch(self, j: SlurmJob, plan: LaunchPlan) -> None:
+        """A new global batch for the running launch, taken at its next step."""
+        now = self.world.now
+        self._flush(j, now)
+        self._set_batch(j, plan)
+        if j.stop_at is None:
+            j.finish_at = now + j.model.time_to_finish(now)
+
+    def _bump(self, j: SlurmJob) -> None:
+        j.version += 1
+        self._changes += 1
+
+    def _unwait(self, j: SlurmJob) -> None:
+        if j in self._waiting:
+            self._waiting.remove(j)
 
     def _end(self, j: SlurmJob, state: str, code: int, at: float) -> None:
+        if j in self._running:
+            self._running.remove(j)
         j.state, j.exit_code, j.end_time, j.stop_at = state, code, at, None
         j.model.placement = ()
         j.training = False
+        j.train_at = j.finish_at = INF
+        self._bump(j)
+        if state in ("COMPLETED", "CANCELLED"):
+            self._finished += 1
 
     # --- checkpoints --------------------------------------------------------------------
     def _checkpoint(self, j: SlurmJob) -> None:
         m = j.model
-        j.ckpt = _Ckpt(m.progress, m.epoch, j.steps, len(m.grad_history))
+        j.ckpt = Checkpoint(m.progress, m.epoch, j.steps, len(m.grad_history))
 
     def _restore(self, j: SlurmJob) -> None:
         m, c = j.model, j.ckpt
@@ -395,11 +475,16 @@ class SimSlurm:
             line["epoch"] = m.epoch
         j.lines.append(line)
 
+    def _flush(self, j: SlurmJob, at: float) -> None:
+        """Report what the running configuration measured before it changes."""
+        if j.training and j.win_seconds > 0:
+            self._report(j, at)
+
     def _report(self, j: SlurmJob, at: float, force: bool = False) -> None:
         if j.win_steps <= 0 and not force:
             return
         m = j.model
-        it = self._iteration_time(j)
+        it, compute = m.iteration_time()
         noise = None
         if m.grad is not None and m.grad[0] > 0:
             noise = m.grad[1] / m.grad[0] * m.app.init_batch
@@ -420,6 +505,8 @@ class SimSlurm:
                 "noise_scale": noise,
             }
         )
+        if m.cpus_per_gpu > 0:
+            j.lines[-1].update(cpus_per_gpu=m.cpus_per_gpu, data_wait=it - compute)
         j.win_steps = j.win_seconds = 0.0
         j.last_line = at
 

@@ -134,11 +134,15 @@ class AppTrace:
         # Outside the measured hull (e.g. more than 4 GPUs on a node): nearest measurement.
         self._nearest = NearestNDInterpolator(np.array(pts), np.array(ys))
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
+        self._grad: dict[tuple[float, int], tuple[float, float]] = {}
+        self._norm: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     # -- throughput ---------------------------------------------------------------------
     def step_time(self, placement: tuple[int, ...], micro_batch: int) -> tuple[float, float]:
         """(step_time, sync_time) in seconds of one micro-step on ``placement``."""
-        p = normalize_placement(placement)
+        p = self._norm.get(placement)
+        if p is None:
+            p = self._norm[placement] = normalize_placement(placement)
         key = (p, int(micro_batch))
         hit = self._cache.get(key)
         if hit is not None:
@@ -147,13 +151,17 @@ class AppTrace:
         if meas is not None:
             bs, st, sy = meas
             res = (float(np.interp(micro_batch, bs, st)), float(np.interp(micro_batch, bs, sy)))
-        else:
+        else:  # depends only on (nodes, GPUs, batch): one interpolation for all such
             nodes = min(len(p), MAX_INTERP_NODES)
-            q = np.array([[nodes, sum(p), micro_batch]], dtype=float)
-            out = self._interp(q)[0]
-            if not np.all(np.isfinite(out)):
-                out = self._nearest(q)[0]
-            res = (float(out[0]), float(out[1]))
+            ikey = ((-nodes, sum(p)), int(micro_batch))
+            got = self._cache.get(ikey)
+            if got is None:
+                q = np.array([[nodes, sum(p), micro_batch]], dtype=float)
+                out = self._interp(q)[0]
+                if not np.all(np.isfinite(out)):
+                    out = self._nearest(q)[0]
+                got = self._cache[ikey] = (float(out[0]), float(out[1]))
+            res = got
         self._cache[key] = res
         return res
 
@@ -165,6 +173,13 @@ class AppTrace:
     # -- statistical efficiency ---------------------------------------------------------
     def grad_stats(self, batch: float, epoch: int) -> tuple[float, float]:
         """(grad_sqr, grad_var) during ``epoch`` at global batch ``batch``."""
+        key = (float(batch), int(epoch))
+        hit = self._grad.get(key)
+        if hit is None:
+            hit = self._grad[key] = self._grad_stats(batch, epoch)
+        return hit
+
+    def _grad_stats(self, batch: float, epoch: int) -> tuple[float, float]:
         b = min(max(float(batch), self.init_batch), self.max_batch)
         e = min(epoch, len(self.validation[0].progress) - 1)
         i = int(np.searchsorted(self.batches, b, side="left"))

@@ -44,7 +44,9 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
     cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env), spool=spool)
     cluster.ensure_reservation("n1", getpass.getuser(), None)
     policy = TwoGpus()
-    cfg = LoopConfig(round_s=0, settings=Settings(min_run_s=0))
+    # min_run_s and restart_cost_s 0: the policy may change the job as soon as it trains
+    # (else a fresh launch is shown fixed, batch included, until it trained that long)
+    cfg = LoopConfig(round_s=0, restart_cost_s=0, settings=Settings(min_run_s=0))
     ctl = Controller(cluster, Store(tmp_path / "state.db"), policy, cfg, log=print)
     record = tmp_path / "seen"
     try:

@@ -1,4 +1,4 @@
-"""The production controller over the simulated Slurm side (``--engine controller``)."""
+"""The production controller over the simulated Slurm side: the default engine."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from hpcorch.cluster import Shape
-from hpcorch.planner import LaunchPlan, plan_batch
+from hpcorch.planner import plan_batch
 from hpcorch.policy import make_policy
-from hpcorch.protocol import EXIT_RELAUNCH
+from hpcorch.policy.common import place_packed, split_batch
+from hpcorch.policy.types import JobPlan, Plan, Snapshot
 from hpcorch.sim.controlled import simulate_controlled
+from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
-from hpcorch.sim.loop import SimConfig, SimResult
-from hpcorch.sim.slurm_side import SimSlurm, SimSlurmError
+from hpcorch.sim.loop import SimConfig, SimResult, simulate
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob, load_workload
+
+COST = ResizeCost()
 
 
 def _isolated(app: AppTrace, gpus: int, batch: int, start: float, cfg: SimConfig) -> float:
@@ -32,12 +34,12 @@ def _isolated(app: AppTrace, gpus: int, batch: int, start: float, cfg: SimConfig
         (app.epoch_end[e + 1] - app.epoch_end[e]) * it / app.gain(bp.global_batch, e)
         for e in range(app.epochs)
     )
-    return start + cfg.restart_cost + run
+    return start + COST.startup_s + run
 
 
 @pytest.mark.parametrize(
     ("app", "gpus", "batch", "interval"),
-    [("ncf", 1, 256, 60.0), ("cifar10", 4, 512, 10.0), ("bert", 8, 96, 60.0)],
+    [("ncf", 1, 256, 60.0), ("cifar10", 4, 512, 10.0), ("bert", 8, 96, 10.0)],
 )
 def test_single_job_alone_finishes_in_its_isolated_time(
     apps: dict[str, AppTrace], app: str, gpus: int, batch: int, interval: float
@@ -53,8 +55,8 @@ def test_single_job_alone_finishes_in_its_isolated_time(
     assert res.jobs[0].queueing_delay == pytest.approx(start - job.time)
 
 
-def _first_jobs(data_dir: Path, apps: dict[str, AppTrace], n: int) -> list[WorkloadJob]:
-    path = data_dir / "workloads" / "load-1.0" / "workload-3.csv"
+def _jobs(data_dir: Path, apps: dict[str, AppTrace], name: str, n: int) -> list[WorkloadJob]:
+    path = data_dir / "workloads" / f"{name}.csv"
     if not path.is_file():
         pytest.skip(f"no workload {path}")
     return load_workload(path, apps)[:n]
@@ -84,12 +86,13 @@ def _completed(res: SimResult, n: int, gpus: int, peak: int) -> None:
 def test_first_jobs_of_a_workload_complete_under_fifo(
     data_dir: Path, apps: dict[str, AppTrace]
 ) -> None:
-    jobs = _first_jobs(data_dir, apps, 10)
+    jobs = _jobs(data_dir, apps, "load-1.0/workload-3", 10)
     peak = [0]
     cfg = SimConfig(nodes=4, gpus_per_node=4)
     res = simulate_controlled(jobs, make_policy("fifo"), apps, cfg, _check_allocation(peak))
     _completed(res, len(jobs), 16, peak[0])
     assert all(j.restarts == 0 for j in res.jobs)  # FIFO never resizes: one launch each
+    assert res.extra["rebatches"] == 0  # nor changes a batch
 
 
 def test_small_workload_completes_under_ones(
@@ -106,80 +109,106 @@ def test_small_workload_completes_under_ones(
     assert a.timeline == b.timeline
 
 
-def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
-    """Held on arrival; start runs it with the plan's batch; a checkpoint signal ends it
-    with the relaunch code after checkpoint_s; requeue_hold queues it held again."""
-    job = WorkloadJob("cifar10-0", 5.0, "cifar10", 2, 512)
-    side = SimSlurm([job], apps, (4, 4), restart_cost=30.0, checkpoint_s=5.0, report_s=20.0)
-    assert side.observe().jobs == ()
-    side.advance(10)
-    (seen,) = side.observe().jobs
-    assert (seen.state, seen.held) == ("PENDING", True)
-    assert (seen.tags["min"], seen.tags["req"], seen.tags["reqbatch"]) == ("1", "2", "512")
-    sid, job_dir = seen.slurm_id, seen.tags["dir"]
-    with pytest.raises(SimSlurmError):
-        side.signal_checkpoint(sid)
-    side.write_plan(sid, LaunchPlan(global_batch=1024, gpus=4, max_micro_batch=256), -1)
-    side.start(sid, Shape(1, 4, ("sim001",)))
-    (seen,) = side.observe().jobs
-    assert (seen.state, seen.node_names, seen.gpus) == ("RUNNING", ("sim001",), 4)
-    side.advance(25)  # still starting up: nothing to report
-    lines, off = side.read_metrics(job_dir, 0, -1)
-    assert lines == []
-    side.advance(60)
-    lines, off = side.read_metrics(job_dir, off, -1)
-    assert [ln["event"] for ln in lines][:2] == ["start", "steps"]
-    steps = [ln for ln in lines if ln["event"] == "steps"]
-    assert steps[-1]["global_batch"] == 1024 and steps[-1]["gpus"] == 4
-    assert steps[-1]["per_gpu_batch"] * steps[-1]["accum_steps"] * 4 == 1024
-    assert steps[-1]["step"] > 0 and steps[-1]["noise_scale"] > 0
-    assert steps[-1]["step_time"] == pytest.approx(1024 / steps[-1]["samples_per_s"])
-    side.signal_checkpoint(sid)
-    side.advance(4)
-    assert side.observe().jobs[0].state == "RUNNING"
-    side.advance(2)
-    (seen,) = side.observe().jobs
-    assert (seen.state, seen.exit_code) == ("FAILED", EXIT_RELAUNCH)
-    assert side.observe().nodes[1].gpus_used == 0
-    progress = side.jobs[0].model.progress
-    side.requeue_hold(sid)
-    (seen,) = side.observe().jobs
-    assert (seen.state, seen.held, seen.restarts) == ("PENDING", True, 1)
-    side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=256), -1)
-    side.start(sid, Shape(1, 2))
-    side.advance(120)
-    lines, off = side.read_metrics(job_dir, off, -1)
-    assert [ln for ln in lines if ln["event"] == "steps"][-1]["global_batch"] == 512
-    assert side.jobs[0].model.progress > progress
-    side.cancel(sid)
-    assert side.observe().jobs[0].state == "CANCELLED" and side.all_done()
+@pytest.mark.parametrize("policy", ["tiresias", "ones"])
+def test_skipping_idle_cycles_changes_nothing(
+    apps: dict[str, AppTrace], small_workload: Path, policy: str
+) -> None:
+    """The driver jumps over cycles in which nothing could be seen; running every cycle
+    (1 s while a job starts or stops, 10 s else) gives the same run."""
+    jobs = load_workload(small_workload, apps)
+    cfg = SimConfig(nodes=2, gpus_per_node=4)
+    fast = simulate_controlled(jobs, make_policy(policy, 3), apps, cfg)
+    every = simulate_controlled(jobs, make_policy(policy, 3), apps, cfg, jump=False)
+    assert [(j.jct, j.restarts) for j in fast.jobs] == [(j.jct, j.restarts) for j in every.jobs]
+    assert fast.extra["cycles"] < every.extra["cycles"] / 3
 
 
-def test_a_start_waits_for_busy_gpus(apps: dict[str, AppTrace]) -> None:
-    jobs = [WorkloadJob("a", 0.0, "ncf", 1, 256), WorkloadJob("b", 0.0, "ncf", 1, 256)]
-    side = SimSlurm(jobs, apps, (4,), checkpoint_s=5.0)
-    side.advance(1)
-    a, b = (j.slurm_id for j in side.observe().jobs)
-    side.start(a, Shape(1, 4))
-    side.start(b, Shape(1, 2))
-    states = {j.slurm_id: j.state for j in side.observe().jobs}
-    assert states == {a: "RUNNING", b: "PENDING"}
-    side.advance(40)
-    side.signal_checkpoint(a)
-    side.advance(10)  # a exits after its checkpoint: b gets the GPUs
-    states = {j.slurm_id: j.state for j in side.observe().jobs}
-    assert states == {a: "FAILED", b: "RUNNING"}
+@pytest.mark.parametrize("policy", ["fifo", "tiresias"])
+def test_the_direct_loop_agrees_when_it_models_the_same_loop(
+    data_dir: Path, apps: dict[str, AppTrace], policy: str
+) -> None:
+    """The direct loop (one round a minute, a flat restart cost) is the oracle: the
+    controller engine cycling once a round with the same costs gives the same figures."""
+    jobs = _jobs(data_dir, apps, "load-1.0/workload-6", 60)
+    cfg = SimConfig(restart_cost=30.0)
+    direct = simulate(jobs, make_policy(policy), apps, cfg)
+    ctl = simulate_controlled(
+        jobs,
+        make_policy(policy),
+        apps,
+        cfg,
+        cost=ResizeCost(0.0, 0.0, 0.0, 30.0),
+        interval_s=60.0,
+        fast_interval_s=60.0,
+    )
+    assert ctl.avg_jct == pytest.approx(direct.avg_jct, rel=0.01)
 
 
-def test_cli_engine_controller(data_dir: Path, small_workload: Path) -> None:
+class FlipFlop:
+    """A policy that resizes every job every round (1 GPU, then 2, then 1, ...)."""
+
+    name = "flipflop"
+
+    def __init__(self) -> None:
+        self.rounds = 0
+
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        self.rounds += 1
+        free = list(snapshot.node_gpus)
+        plans = []
+        for j in snapshot.jobs:
+            want = 1 + (self.rounds + int(j.job_id)) % 2
+            if not j.resizable and j.gpus:  # the controller will not move it now
+                want = j.gpus
+            where = place_packed(free, want)
+            if where is not None:
+                batch, micro, accum = split_batch(j, want, j.min_batch * want)
+                plans.append(JobPlan(j.job_id, want, where, batch, micro, accum))
+        return Plan(tuple(plans))
+
+
+def test_a_policy_that_resizes_every_round_cannot_starve_a_job(
+    apps: dict[str, AppTrace],
+) -> None:
+    """Rounds every 10 s, a start-up of 22 s: resized at every round a job would never
+    train. The controller stops a launch only once it trained for its restart cost (and
+    min_run_s): every job finishes and every launch makes progress."""
+    jobs = [WorkloadJob(f"ncf-{i}", 20.0 * i, "ncf", 1, 256) for i in range(4)]
+    cfg = SimConfig(nodes=1, gpus_per_node=8, round_s=10.0)
+    policy = FlipFlop()
+    res = simulate_controlled(jobs, policy, apps, cfg)
+    assert len(res.jobs) == 4 and all(j.jct > 0 for j in res.jobs)
+    assert sum(j.restarts for j in res.jobs) > 4  # it did resize them
+    min_launch = COST.startup_s + max(60.0, COST.total)
+    for j in res.jobs:
+        assert (j.restarts + 1) * min_launch <= j.jct + min_launch
+
+
+def test_ones_finishes_every_job_of_a_busy_workload(
+    data_dir: Path, apps: dict[str, AppTrace]
+) -> None:
+    """The first 30 jobs of load-1.0 workload-6 once left 3 jobs running forever."""
+    jobs = _jobs(data_dir, apps, "load-1.0/workload-6", 30)
+    res = simulate_controlled(jobs, make_policy("ones"), apps, SimConfig())
+    assert len(res.jobs) == 30 and all(0 < j.jct < 50_000 for j in res.jobs)
+    assert res.extra["rebatches"] > 0  # batch-only changes, without restarts
+
+
+def test_cli_engine_controller_is_the_default(data_dir: Path, small_workload: Path) -> None:
     from click.testing import CliRunner
 
     from hpcorch.cli import main
 
     args = ["simulate", str(small_workload), "--policy", "fifo", "--nodes", "2", "--json"]
-    res = CliRunner().invoke(main, [*args, "--engine", "controller"])
+    res = CliRunner().invoke(main, args)
     assert res.exit_code == 0, res.stderr
     (row,) = json.loads(res.stdout)["results"]
     assert row["policy"] == "fifo" and row["avg_jct"] >= row["lower_bound"]
+    slow = CliRunner().invoke(main, [*args, "--startup-s", "300"])
+    assert json.loads(slow.stdout)["results"][0]["avg_jct"] > row["avg_jct"] + 200
     bad = CliRunner().invoke(main, [*args, "--engine", "slurm"])
     assert bad.exit_code == 2 and "'slurm' is not one of" in bad.stderr
+    mixed = CliRunner().invoke(main, [*args, "--restart-cost", "30"])
+    assert mixed.exit_code == 2 and "--engine direct" in mixed.stderr
+    direct = CliRunner().invoke(main, [*args, "--engine", "direct", "--restart-cost", "30"])
+    assert direct.exit_code == 0, direct.stderr

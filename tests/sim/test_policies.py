@@ -149,3 +149,40 @@ def test_estimate_current_speed_and_best_remaining_time() -> None:
             assert (speed >= 0).all() and (speed <= 1.0 + 1e-12).all()
             times = est.time[j, max(lo, 1) : k + 1]
             assert est.remaining[j] <= times.min() * (1 + 1e-9)
+
+
+def test_a_job_that_cannot_rebatch_is_costed_at_the_batch_it_runs_with() -> None:
+    """A batch-only change is free only where the job's runtime takes it (managed mode):
+    a job whose batch changes only at a relaunch keeps its batch at its GPUs."""
+    from dataclasses import replace
+
+    from hpcorch.policy.estimate import estimate
+
+    snap = _snapshot(3, 12)
+    i, job = next((i, j) for i, j in enumerate(snap.jobs) if j.running)
+    free = estimate(snap, explore=4.0)
+    fixed = replace(job, rebatch=False)
+    jobs = tuple(fixed if j is job else j for j in snap.jobs)
+    kept = estimate(replace(snap, jobs=jobs), explore=4.0)
+    g = job.gpus
+    assert kept.batch[i, g] == job.batch  # no free switch to the best batch
+    assert kept.time[i, g] >= free.time[i, g] * (1 - 1e-9)  # the best batch was free before
+    other = [k for k in range(1, int(kept.gmax[i]) + 1) if k != g]
+    assert all(kept.time[i, k] == free.time[i, k] for k in other)  # a restart: any batch
+
+
+def test_tiresias_keeps_the_queue_place_of_a_job_missing_for_a_round() -> None:
+    """A job the controller sets apart for a round (it cannot be moved yet) is not sent
+    to the back of its queue when it comes back."""
+    from dataclasses import replace
+
+    snap = _snapshot(11, 8)
+    policy = TiresiasPolicy()
+    policy.schedule(snap)
+    order = list(policy._queues[0])
+    gone = order[0]
+    policy.schedule(replace(snap, now=660.0, jobs=tuple(j for j in snap.jobs if j.job_id != gone)))
+    policy.schedule(replace(snap, now=720.0))
+    assert policy._queues[0][0] == gone
+    policy.schedule(replace(snap, now=720.0 + 7200, jobs=snap.jobs[1:]))
+    assert snap.jobs[0].job_id not in policy._queues[0]  # gone for good: forgotten
