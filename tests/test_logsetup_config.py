@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from hpcorch import logsetup
 from hpcorch.cli.config import config_keys
 from hpcorch.cli.controller import controller
-from hpcorch.controller.loop import _log, _warn
+from hpcorch.controller.logs import log_info, log_warning
 
 TEXT_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} ")
 
@@ -32,8 +32,8 @@ def test_text_lines_have_a_time_and_the_level_unless_info(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     logsetup.configure("hpcorch-controller", "info", "text")
-    _log("job 12 started")
-    _warn("job 12: start failed: sbatch said no")
+    log_info("job 12 started")
+    log_warning("job 12: start failed: sbatch said no")
     logging.getLogger("hpcorch.controller").debug("not shown at level info")
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 2 and all(TEXT_RE.match(line) for line in lines)
@@ -43,7 +43,7 @@ def test_text_lines_have_a_time_and_the_level_unless_info(
 
 def test_json_lines_carry_level_and_the_slurm_job(capsys: pytest.CaptureFixture[str]) -> None:
     logsetup.configure("hpcorch-controller", "debug", "json")
-    _warn("job 7 ignored its stop signal")
+    log_warning("job 7 ignored its stop signal")
     logging.getLogger("hpcorch.controller").debug('a "quoted"\nline')
     first, second = (json.loads(x) for x in capsys.readouterr().err.splitlines())
     assert first["level"] == "warning" and first["slurm_job_id"] == 7

@@ -17,87 +17,26 @@ free for others, and is retried after an exponential back-off, a bounded number 
 from __future__ import annotations
 
 import json
-import logging
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from hpcorch.cluster import Cluster, Observation, Shape
 from hpcorch.controller import adopt, reconcile
+from hpcorch.controller.config import LoopConfig
+from hpcorch.controller.logs import describe, log_info, log_warning
 from hpcorch.controller.memory import Records
-from hpcorch.controller.reconcile import Action, Settings
+from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
-from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
+__all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
+
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
-
-
-@dataclass(frozen=True)
-class LoopConfig:
-    interval_s: float = 10.0
-    """Seconds between cycles."""
-    fast_interval_s: float = 0.25
-    """Seconds between cycles while a transition is in flight (a job starting or
-    stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
-    it, not at the next full cycle. These fast cycles observe and move the state machines;
-    they read the metrics of jobs in transition only (every job's at least every
-    ``interval_s``)."""
-    max_calls_per_s: float = 8.0
-    """Slurm calls per second the fast cycles may make at most (0: no bound): a cycle
-    that made n calls is followed by at least n / max_calls_per_s seconds."""
-    fast_for_s: float = 300.0
-    """A transition is polled fast for at most this long (a job left pending by Slurm
-    for longer is looked at every ``interval_s``)."""
-    round_s: float = 60.0
-    """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
-    restart_cost_s: float = 30.0
-    """What the policy assumes a resize costs a job; a running job also trains at least
-    this long (and at least ``settings.min_run_s``) before it is stopped again."""
-    max_starts_per_cycle: int = 64
-    settings: Settings = field(default_factory=Settings)
-
-
-logger = logging.getLogger("hpcorch.controller")
-_JOB_RE = re.compile(r"job (\d+)\b")
-
-
-def _extra(msg: str) -> dict[str, Any]:
-    """The Slurm job a line is about, as a field of its own (JSON logs: a label)."""
-    m = _JOB_RE.match(msg)
-    return {"slurm_job_id": int(m.group(1))} if m else {}
-
-
-def _log(msg: str) -> None:
-    logger.info("%s", msg, extra=_extra(msg))
-
-
-def _warn(msg: str) -> None:
-    logger.warning("%s", msg, extra=_extra(msg))
-
-
-def describe(exc: BaseException) -> str:
-    """One line about ``exc``: its message for hpcorch's own errors, else its type, message
-    and where it was raised."""
-    if isinstance(exc, HpcorchError):
-        return printable(str(exc), 300)
-    if isinstance(exc, OSError) and exc.strerror:
-        return printable(f"{exc.filename}: {exc.strerror}" if exc.filename else exc.strerror, 300)
-    where = ""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is not None:
-        code = tb.tb_frame.f_code
-        where = f" (at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
-    return printable(f"{type(exc).__name__}: {exc}", 300) + where
 
 
 LOG_LINES_PER_JOB = 5
@@ -117,9 +56,9 @@ class Controller:
         self.store = store
         self.policy = policy
         self.config = config or LoopConfig()
-        self.log = log or _log
+        self.log = log or log_info
         """Where the controller's lines go (tests pass their own; default: logging)."""
-        self.warn = log or _warn
+        self.warn = log or log_warning
         """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None

@@ -1,0 +1,32 @@
+"""How the controller's loop runs: its cycle, round and limits (:class:`LoopConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hpcorch.controller.reconcile import Settings
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    interval_s: float = 10.0
+    """Seconds between cycles."""
+    fast_interval_s: float = 0.25
+    """Seconds between cycles while a transition is in flight (a job starting or
+    stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
+    it, not at the next full cycle. These fast cycles observe and move the state machines;
+    they read the metrics of jobs in transition only (every job's at least every
+    ``interval_s``)."""
+    max_calls_per_s: float = 8.0
+    """Slurm calls per second the fast cycles may make at most (0: no bound): a cycle
+    that made n calls is followed by at least n / max_calls_per_s seconds."""
+    fast_for_s: float = 300.0
+    """A transition is polled fast for at most this long (a job left pending by Slurm
+    for longer is looked at every ``interval_s``)."""
+    round_s: float = 60.0
+    """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
+    restart_cost_s: float = 30.0
+    """What the policy assumes a resize costs a job; a running job also trains at least
+    this long (and at least ``settings.min_run_s``) before it is stopped again."""
+    max_starts_per_cycle: int = 64
+    settings: Settings = field(default_factory=Settings)
