@@ -48,6 +48,8 @@ class LazyGroup(click.Group):
             raise
         except HpcorchError as exc:
             raise click.ClickException(str(exc)) from None
+        except BrokenPipeError:
+            raise  # the reader left (`| head`): click exits quietly, as other tools do
         except OSError as exc:
             if os.environ.get("HPCORCH_DEBUG"):
                 raise
