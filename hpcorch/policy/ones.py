@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpcorch.policy.cpus import fit_cpus
-from hpcorch.policy.estimate import estimate
+from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.types import Plan, Snapshot
 
@@ -106,12 +106,16 @@ class OnesPolicy:
         value[:, 0] = 0.0
         if self.knee > 0:
             value = _knee(value, est.time, self.knee, self.knee_discount)
+        # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
+        work = one_gpu_time(est.time, est.gmin)
         if self.priority != 1.0:
-            ref = est.time[:, 1:2]
-            ref = np.where(np.isfinite(ref), ref, 1.0)
+            finite = work[np.isfinite(work)]
+            # a job whose time cannot be predicted counts as a typical one, not as 1 s
+            fallback = float(np.median(finite)) if len(finite) else 1.0
+            ref = np.where(np.isfinite(work), work, fallback)[:, None]
             value = value * ref ** (1.0 - self.priority)
         if self.rank_weight > 0:
-            t1 = np.where(np.isfinite(est.time[:, 1]), est.time[:, 1], 1e12)
+            t1 = np.where(np.isfinite(work), work, 1e12)
             rank = np.empty(n)
             rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
             value = value * rank[:, None] ** self.rank_weight
