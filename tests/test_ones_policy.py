@@ -18,7 +18,8 @@ import pytest
 from hpcorch.model.throughput import ThroughputModel, split_sync
 from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.ones import OnesPolicy
-from hpcorch.policy.types import JobView, Snapshot, StepSample
+from hpcorch.policy.split import split_schedule
+from hpcorch.policy.types import JobView, Snapshot, StepSample, validate_plan
 
 A, B = 0.02, 0.004  # compute of one micro-step: A + B x micro (seconds)
 SYNC = {(1, 2): 0.05, (1, 4): 0.12, (2, 8): 0.9}  # all-reduce per step at (nodes, GPUs)
@@ -108,3 +109,44 @@ def test_a_job_that_needs_two_gpus_is_not_starved_by_its_priority() -> None:
     assert np.isfinite(work).all() and work[1] < work[0]
     plan = OnesPolicy(seed=0).schedule(snap).by_id()
     assert set(plan) == {"pair"} and plan["pair"].gpus == 2
+
+
+@pytest.mark.parametrize("cpus", [(), (48, 48)])
+def test_ones_shown_the_fixed_jobs_keeps_them_and_plans_around_them(
+    cpus: tuple[int, ...],
+) -> None:
+    """A job that cannot be stopped yet is shown to ONES pinned where it runs: it keeps
+    its GPUs and node, ONES remembers it in its population, the others fit beside it."""
+    fixed = _job(
+        "fixed",
+        gpus=3,
+        placement={0: 3},
+        batch=48,
+        micro_batch=16,
+        accum_steps=1,
+        resizable=False,
+        epoch=9,
+        progress=9900.0,
+    )
+    jobs = (fixed, _job("a", epoch=2, progress=2000.0), _job("b", epoch=1, progress=1000.0))
+    snap = Snapshot(now=0.0, node_gpus=(4, 4), jobs=jobs, restart_cost_s=24.5, node_cpus=cpus)
+    for sees in (False, True):
+        policy = OnesPolicy(seed=0, sees_fixed=sees)
+        plan = split_schedule(policy, snap)
+        validate_plan(snap, plan)
+        by = plan.by_id()
+        assert by["fixed"].gpus == 3 and dict(by["fixed"].placement) == {0: 3}
+        assert {"a", "b"} <= set(by)
+        assert ("fixed" in policy._pop[0]) is sees
+        # asked directly, ONES keeps a job that cannot be resized where it is
+        alone = policy.schedule(snap).by_id()
+        assert alone["fixed"].gpus == 3 and dict(alone["fixed"].placement) == {0: 3}
+
+
+def test_the_simulation_shows_ones_the_fixed_jobs_as_production_does() -> None:
+    """The simulator times the policy through a wrapper; the wish to see the fixed jobs
+    passes through it as the controller passes the policy itself in production."""
+    from hpcorch.sim.controlled import _Timed
+
+    assert _Timed(OnesPolicy(sees_fixed=True)).sees_fixed
+    assert not _Timed(OnesPolicy(sees_fixed=False)).sees_fixed

@@ -66,6 +66,10 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
+    sees_fixed: bool = False
+    """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
+    (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
+    kept across rounds take them into account; they always keep their GPUs."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -122,6 +126,8 @@ class OnesPolicy:
         value = value * np.array([j.weight for j in jobs])[:, None]  # users' fair shares
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
+        pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+        value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
 
         seeds = [ops.fill(ops.repair(np.minimum(cur, est.gmax))), ops.fill(np.zeros(n, np.int64))]
