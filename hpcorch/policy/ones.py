@@ -47,8 +47,10 @@ class OnesPolicy:
     """GPUs a job of a never-measured application may start with (0: one node's)."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
-    min_resize_s: float = 120.0
-    """Jobs predicted to finish within this many seconds keep their GPUs."""
+    min_resize_s: float = 300.0
+    """Jobs predicted to finish within this many seconds keep their GPUs (a resize costs
+    a restart, ~25 s, and the controller lets a relaunched job train 60 s before it may
+    be stopped again)."""
     whole_set: bool = False
     """Score schedules by the predicted completion of the whole job set (queued jobs
     start shortest-first on the capacity the schedule leaves); else by completion rate."""
@@ -66,7 +68,7 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
-    sees_fixed: bool = False
+    sees_fixed: bool = True
     """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
     (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
     kept across rounds take them into account; they always keep their GPUs."""
