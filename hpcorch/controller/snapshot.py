@@ -222,6 +222,7 @@ def job_view(
         max_micro_batch=max(1, rec.max_micro),
         max_epochs=epochs,
         progress_per_epoch_hint=steps_per_epoch,
+        length_known=rec.epochs > 0 and rec.steps_per_epoch > 0,
         gpus=gpus,
         placement=placement,
         batch=batch,

@@ -12,6 +12,15 @@ seen (running and completed): all run the same code on the same kind of node.
 * an iteration with ``k`` micro-steps (gradient accumulation) costs
   ``step + (k - 1) x compute``; a measurement of such an iteration (a job reports its
   seconds per optimizer step) is read the same way.
+
+Jobs report only their seconds per optimizer step, not the all-reduce part of it
+(``sync_time`` 0: unknown). Without a one-GPU measurement, reading a multi-GPU step as all
+compute would predict perfect scaling up to the GPUs measured. :func:`split_sync` then
+infers each configuration's all-reduce from the measurements themselves: the compute of a
+micro-step depends only on the per-GPU batch (``a + b x micro``, the same on any number of
+GPUs) and each micro-step of an accumulated step adds it again, while the all-reduce comes
+once per step and depends on the GPUs and nodes only, so step times at several
+accumulation counts and batches separate the two (least squares).
 """
 
 from __future__ import annotations
@@ -47,13 +56,59 @@ PRIOR_INTER = 1.0
 PRIOR_COMPUTE_S = 0.2
 
 
+class _Sample:
+    """A measurement with an inferred all-reduce time."""
+
+    def __init__(self, s: StepLike, sync_time: float) -> None:
+        self.nodes = s.nodes
+        self.gpus = s.gpus
+        self.micro_batch = s.micro_batch
+        self.step_time = s.step_time
+        self.accum_steps = s.accum_steps
+        self.sync_time = sync_time
+
+
+def split_sync(samples: Iterable[StepLike]) -> dict[tuple[int, int], float]:
+    """Seconds of all-reduce per step for each (nodes, GPUs) measured on several GPUs
+    without a sync time, inferred by least squares over every measurement:
+    ``step = k x (a + b x micro) + sync[nodes, GPUs]`` (one GPU: no all-reduce). Empty where
+    the measurements cannot tell compute from all-reduce (e.g. all at one accumulation
+    count and no one-GPU step), or where any measurement carries its own sync time."""
+    rows = [s for s in samples if s.step_time > 0]
+    if any(s.gpus > 1 and s.sync_time > 0 for s in rows):
+        return {}
+    groups = sorted({(s.nodes, s.gpus) for s in rows if s.gpus > 1})
+    if not groups:
+        return {}
+    col = {key: 2 + i for i, key in enumerate(groups)}
+    a = np.zeros((len(rows), 2 + len(groups)))
+    y = np.empty(len(rows))
+    for i, s in enumerate(rows):
+        k = max(1, s.accum_steps)
+        a[i, 0], a[i, 1] = k, k * s.micro_batch
+        if s.gpus > 1:
+            a[i, col[(s.nodes, s.gpus)]] = 1.0
+        y[i] = s.step_time
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-12)
+    x, _res, rank, _sv = np.linalg.lstsq(a / scale, y, rcond=None)
+    if rank < a.shape[1]:
+        return {}
+    x = x / scale
+    return {key: max(float(x[col[key]]), 0.0) for key in groups}
+
+
 class ThroughputModel:
     """Predicts seconds per iteration for (nodes, GPUs, micro-batch, accumulation)."""
 
     def __init__(self, samples: Iterable[StepLike], min_batch: int = 1) -> None:
+        given = list(samples)
+        syncs = split_sync(given)
         uniq: dict[tuple[int, int, int], StepLike] = {}
-        for s in sorted(samples, key=lambda s: s.accum_steps):  # fewest micro-steps first
-            uniq.setdefault((s.nodes, s.gpus, s.micro_batch), s)
+        for s in sorted(given, key=lambda s: s.accum_steps):  # fewest micro-steps first
+            key = (s.nodes, s.gpus, s.micro_batch)
+            if key not in uniq:
+                sync = syncs.get((s.nodes, s.gpus))
+                uniq[key] = s if sync is None else _Sample(s, min(sync, 0.95 * s.step_time))
         self.samples = list(uniq.values())
         self.max_gpus_seen = max((s.gpus for s in self.samples), default=0)
         # one GPU: no all-reduce, every micro-step is compute

@@ -157,6 +157,7 @@ def estimate(
                 time[i, g0] = float((seg_w * float(it0[0]) / gain0).sum())
                 batch[i, g0] = j.batch
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
+    _typical_length(jobs, time, remaining, gmin)
     return Estimates(
         jobs=jobs,
         time=time,
@@ -167,6 +168,41 @@ def estimate(
         speed_now=speed_now,
         remaining=remaining,
     )
+
+
+def one_gpu_time(time: np.ndarray, gmin: np.ndarray) -> np.ndarray:
+    """Each job's remaining time on one GPU, or for a job that needs more, its remaining
+    GPU-seconds at its minimum (``time[j, gmin] x gmin``): a measure of remaining work the
+    jobs can be ranked by whatever their minimum (inf where unknown)."""
+    n, width = time.shape
+    g0 = np.maximum(gmin, 1)
+    ok = g0 < width
+    out = np.full(n, np.inf)
+    rows = np.flatnonzero(ok)
+    out[rows] = time[rows, g0[rows]] * g0[rows]
+    return out
+
+
+def _typical_length(
+    jobs: tuple[JobView, ...], time: np.ndarray, remaining: np.ndarray, gmin: np.ndarray
+) -> None:
+    """A job of unknown length (``JobView.length_known`` False: one placeholder epoch of
+    one step, a fraction of a second) is scaled, in place, to the median remaining work
+    of the jobs whose length is known, keeping its own speed-up over GPU counts; without
+    any such job all are alike and left as they are."""
+    unknown = np.array([not j.length_known for j in jobs], dtype=bool)
+    if not unknown.any() or unknown.all():
+        return
+    work = one_gpu_time(time, gmin)
+    known = work[~unknown]
+    known = known[np.isfinite(known)]
+    if not len(known):
+        return
+    typical = float(np.median(known))
+    for i in np.flatnonzero(unknown):
+        if np.isfinite(work[i]) and work[i] > 0:
+            time[i] *= typical / work[i]
+            remaining[i] *= typical / work[i]
 
 
 SEGMENTS = 6

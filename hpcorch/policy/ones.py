@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpcorch.policy.cpus import fit_cpus
-from hpcorch.policy.estimate import estimate
+from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.types import Plan, Snapshot
 
@@ -47,8 +47,10 @@ class OnesPolicy:
     """GPUs a job of a never-measured application may start with (0: one node's)."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
-    min_resize_s: float = 120.0
-    """Jobs predicted to finish within this many seconds keep their GPUs."""
+    min_resize_s: float = 300.0
+    """Jobs predicted to finish within this many seconds keep their GPUs (a resize costs
+    a restart, ~25 s, and the controller lets a relaunched job train 60 s before it may
+    be stopped again)."""
     whole_set: bool = False
     """Score schedules by the predicted completion of the whole job set (queued jobs
     start shortest-first on the capacity the schedule leaves); else by completion rate."""
@@ -66,6 +68,10 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
+    sees_fixed: bool = True
+    """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
+    (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
+    kept across rounds take them into account; they always keep their GPUs."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -106,18 +112,24 @@ class OnesPolicy:
         value[:, 0] = 0.0
         if self.knee > 0:
             value = _knee(value, est.time, self.knee, self.knee_discount)
+        # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
+        work = one_gpu_time(est.time, est.gmin)
         if self.priority != 1.0:
-            ref = est.time[:, 1:2]
-            ref = np.where(np.isfinite(ref), ref, 1.0)
+            finite = work[np.isfinite(work)]
+            # a job whose time cannot be predicted counts as a typical one, not as 1 s
+            fallback = float(np.median(finite)) if len(finite) else 1.0
+            ref = np.where(np.isfinite(work), work, fallback)[:, None]
             value = value * ref ** (1.0 - self.priority)
         if self.rank_weight > 0:
-            t1 = np.where(np.isfinite(est.time[:, 1]), est.time[:, 1], 1e12)
+            t1 = np.where(np.isfinite(work), work, 1e12)
             rank = np.empty(n)
             rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
             value = value * rank[:, None] ** self.rank_weight
         value = value * np.array([j.weight for j in jobs])[:, None]  # users' fair shares
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
+        pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+        value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
 
         seeds = [ops.fill(ops.repair(np.minimum(cur, est.gmax))), ops.fill(np.zeros(n, np.int64))]

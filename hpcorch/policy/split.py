@@ -57,9 +57,33 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
     rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
     if rest and sum(free) > 0:  # no GPU left: the rest wait
         cpus = _free_cpus(snapshot, plans)
-        inner = policy.schedule(replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=rest))
-        plans += inner.jobs
+        shown: tuple[JobView, ...] = ()
+        if getattr(policy, "sees_fixed", False) and fixed:
+            # the fixed jobs, pinned where they are, on GPUs given back to the pool seen:
+            # the policy ranks and remembers them as it does every job
+            shown = tuple(_pinned(j) for j in fixed)
+            free = list(free)
+            back = list(cpus)
+            fixed_plans = {p.job_id: p for p in plans if p.job_id in fixed_ids}
+            for j in fixed:
+                per_gpu = 0
+                if snapshot.manages_cpus:
+                    per_gpu = planned_cpus_per_gpu(snapshot, j, fixed_plans[j.job_id])
+                for node, n in j.placement.items():
+                    free[node] += n
+                    if back:
+                        back[node] += n * per_gpu
+            cpus = tuple(back)
+        inner = policy.schedule(
+            replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=shown + rest)
+        )
+        plans += [p for p in inner.jobs if p.job_id not in fixed_ids]
     return Plan(tuple(plans))
+
+
+def _pinned(job: JobView) -> JobView:
+    """A fixed job as a policy that plans around it sees it: bounds at its GPUs."""
+    return replace(job, min_gpus=job.gpus, max_gpus=job.gpus, resizable=False)
 
 
 def _free_cpus(snapshot: Snapshot, plans: list[JobPlan]) -> tuple[int, ...]:

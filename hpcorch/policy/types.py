@@ -66,6 +66,10 @@ class JobView:
     """Epochs the user asked for."""
     progress_per_epoch_hint: float
     """One pass over the job's data in progress units (samples / initial batch)."""
+    length_known: bool = True
+    """False while neither the user nor the job has told its length (epochs, dataset
+    size): ``max_epochs`` and ``progress_per_epoch_hint`` are then placeholders, and the
+    policies count the job as a typical one of the others rather than as almost done."""
     gpus: int = 0
     placement: Mapping[int, int] = field(default_factory=dict)
     batch: int = 0

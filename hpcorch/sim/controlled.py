@@ -57,6 +57,11 @@ class _Timed:
     name: str = ""
     cpu_s: list[float] = field(default_factory=list)
 
+    @property
+    def sees_fixed(self) -> bool:
+        """The wrapped policy's wish to be shown the fixed jobs (split_schedule)."""
+        return bool(getattr(self.policy, "sees_fixed", False))
+
     def schedule(self, snapshot: Snapshot) -> Plan:
         t0 = time.process_time()
         try:
