@@ -40,6 +40,9 @@ HUGE = "99999999999999999999999"
         ("id", "x;rm -rf /", "not 1-128 letters"),
         ("app", "", "not 1-128 letters"),
         ("mode", "root", "not one of managed, sidecar"),
+        ("epochs", "0", "outside 1..1000000"),
+        ("epochs", "10000001", "outside 1..1000000"),
+        ("dataset", HUGE, "outside 1..1000000000000"),
     ],
 )
 def test_bad_tags_are_refused_with_a_reason(key: str, value: str, needle: str) -> None:
@@ -51,6 +54,9 @@ def test_bad_tags_are_refused_with_a_reason(key: str, value: str, needle: str) -
 def test_good_tags_parse() -> None:
     t = parse_tags({"id": "a-20260101-000000-ab12", "min": "2", "max": "8", "batch": "64"})
     assert (t.min_gpus, t.max_gpus, t.batch, t.job_dir, t.sidecar) == (2, 8, 64, "", False)
+    assert (t.epochs, t.dataset) == (None, None)
+    t = parse_tags({"min": "1", "epochs": "90", "dataset": "1281167"})
+    assert (t.epochs, t.dataset) == (90, 1281167)
     with pytest.raises(TagError, match="below min"):
         parse_tags({"min": "4", "max": "2"})
     assert pin_of({"pin": "4"}) == 4
@@ -340,3 +346,16 @@ def test_a_start_report_from_the_future_cannot_make_a_job_unstoppable() -> None:
     digest(honest, {"event": "start", "time": 1010.0}, lambda m: None)
     assert not can_stop(honest, 1010.0 + s.min_run_s - 1, s)
     assert can_stop(honest, 1010.0 + s.min_run_s, s)
+
+
+def test_a_declared_length_reaches_the_record_until_the_job_reports_its_own() -> None:
+    """epochs= and dataset= in the comment: the policy knows a queued job's length."""
+    from hpcorch.cluster import ObservedJob
+    from hpcorch.controller.adopt import new_record
+
+    tags = {"id": "j-1", "min": "1", "max": "4", "batch": "64", "epochs": "10", "dataset": "6400"}
+    j = ObservedJob(5, "j", "u", "PENDING", True, "", (), 0, 0, 0, 0.0, 0.0, tags)
+    rec = new_record(j, 1.0)
+    assert (rec.phase, rec.epochs, rec.steps_per_epoch) == ("queued", 10, 100.0)
+    digest(rec, {"event": "start", "epochs": 12, "dataset_size": 12800}, lambda m: None)
+    assert (rec.epochs, rec.steps_per_epoch) == (12, 200.0)

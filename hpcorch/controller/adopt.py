@@ -92,6 +92,11 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         max_relaunches=DEFAULT_MAX_RELAUNCHES if t.max_relaunches is None else t.max_relaunches,
         uid=j.uid,
     )
+    # the length its user declared, until the job reports its own
+    if t.epochs:
+        rec.epochs = t.epochs
+    if t.dataset:
+        rec.steps_per_epoch = t.dataset / max(1, rec.batch)
     if phase == "starting" and not rec.target_gpus:
         rec.target_gpus = rec.min_gpus
     return rec

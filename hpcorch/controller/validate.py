@@ -37,6 +37,9 @@ MAX_SECONDS = 1e7
 MAX_BUDGET_S = 10**9
 """Longest time budget across launches (about 31 years)."""
 MAX_RELAUNCHES = 10**6
+MAX_DECLARED_EPOCHS = 10**6
+MAX_DECLARED_SAMPLES = 10**12
+"""Bounds on the length a job's comment declares (``epochs=``, ``dataset=``)."""
 
 
 class TagError(ValueError):
@@ -122,6 +125,10 @@ class JobTags:
     """Run time across all launches (0: no budget)."""
     max_relaunches: int | None
     """Relaunches after the job checkpointed on its own (None: not given)."""
+    epochs: int | None = None
+    """The length its user declared: epochs (None: not given)."""
+    dataset: int | None = None
+    """Samples per epoch its user declared (None: not given)."""
 
 
 def parse_tags(tags: Mapping[str, str]) -> JobTags:
@@ -150,6 +157,8 @@ def parse_tags(tags: Mapping[str, str]) -> JobTags:
         min_cpus=tag_int(tags, "mincpus", 1, MAX_CPUS_PER_GPU),
         budget_s=tag_int(tags, "budget", 0, MAX_BUDGET_S) or 0,
         max_relaunches=tag_int(tags, "relaunches", 0, MAX_RELAUNCHES),
+        epochs=tag_int(tags, "epochs", 1, MAX_DECLARED_EPOCHS),
+        dataset=tag_int(tags, "dataset", 1, MAX_DECLARED_SAMPLES),
     )
 
 
