@@ -147,3 +147,7 @@ MAX_GRACE_S = 7 * 86400
 """Longest grace period of a sidecar job's stop."""
 MAX_PATH_LENGTH = 1024
 """Longest job directory the controller accepts."""
+MAX_DECLARED_EPOCHS = 10**6
+"""Most epochs a job may declare (``hpcorch submit --epochs``, comment tag ``epochs=``)."""
+MAX_DECLARED_SAMPLES = 10**12
+"""Most samples per epoch a job may declare (``--dataset-size``, comment tag ``dataset=``)."""

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpcorch.errors import SubmitError
-from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
+from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES, MAX_DECLARED_EPOCHS, MAX_DECLARED_SAMPLES
 from hpcorch.sidecar.config import SidecarError, check_regex, signal_number
 from hpcorch.slurm.options import OptionError, SlurmOptions, env_defaults, make_options
 from hpcorch.slurm.script import SidecarSpec, SpecError, check_name, check_sbatch_path
@@ -31,15 +31,15 @@ class RequestError(SubmitError):
     """The options themselves are wrong (a usage error)."""
 
 
-def _count(value: object, what: str, required: bool = False) -> int | None:
+def _count(value: object, what: str, required: bool = False, hi: int = MAX_COUNT) -> int | None:
     if value is None:
         if required:
             raise RequestError(f"{what} is required")
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise RequestError(f"{what} must be a whole number, got {value!r}")
-    if not 1 <= value <= MAX_COUNT:
-        raise RequestError(f"{what} {value} is out of range (1 to {MAX_COUNT})")
+    if not 1 <= value <= hi:
+        raise RequestError(f"{what} {value} is out of range (1 to {hi})")
     return value
 
 
@@ -158,6 +158,8 @@ def build_request(
     time_limit: str | None = None,
     time_total: str | None = None,
     max_relaunches: int | str | None = None,
+    epochs: int | None = None,
+    dataset_size: int | None = None,
     partition: str | None = None,
     name: str | None = None,
     cpus_per_gpu: int | None = None,
@@ -196,6 +198,8 @@ def build_request(
         raise RequestError(f"--batch-size {batch} is above --max-batch-size {max_batch}")
     cpus = _count(cpus_per_gpu, "--cpus-per-gpu")
     micro = _count(max_per_gpu_batch, "--max-per-gpu-batch")
+    declared_epochs = _count(epochs, "--epochs", hi=MAX_DECLARED_EPOCHS)
+    declared_samples = _count(dataset_size, "--dataset-size", hi=MAX_DECLARED_SAMPLES)
     if mode not in MODES:
         raise RequestError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
     defaults = env_defaults(os.environ if environ is None else environ)
@@ -254,4 +258,6 @@ def build_request(
         options=options,
         time_budget_s=total or 0,
         max_relaunches=max_relaunches_of(max_relaunches),
+        epochs=declared_epochs,
+        dataset_size=declared_samples,
     )

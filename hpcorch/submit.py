@@ -63,6 +63,10 @@ class SubmitRequest:
     """Run time across all launches (0: none); ``time_limit`` is per launch."""
     max_relaunches: int = DEFAULT_MAX_RELAUNCHES
     """Relaunches after checkpointing on its own, e.g. at the time limit (-1: no cap)."""
+    epochs: int | None = None
+    """The job's declared length in epochs (None: not declared)."""
+    dataset_size: int | None = None
+    """Samples per epoch the job declares (None: not declared)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,8 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         slurm_options=tuple(req.options.sbatch_lines()),
         time_budget_s=req.time_budget_s,
         max_relaunches=req.max_relaunches,
+        epochs=req.epochs,
+        dataset_size=req.dataset_size,
         spool=str(spool_dir()) if req.pool is not None else None,
     )
 

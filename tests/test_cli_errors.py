@@ -102,6 +102,13 @@ def test_cancel_needs_a_job_id(no_slurm: Path) -> None:
         (["submit", "--min-gpus", "1", "--time", "1-24", SCRIPT], "below 24"),
         (["submit", "--min-gpus", "1", "--batch-size", "9" * 23, SCRIPT], "not in the range"),
         (["submit", "--min-gpus", "٢", SCRIPT], "is not an integer"),
+        (["submit", "--min-gpus", "1", "--epochs", "0", SCRIPT], "not in the range 1..1000000"),
+        (["submit", "--min-gpus", "1", "--epochs", "90.5", SCRIPT], "is not an integer"),
+        (["submit", "--min-gpus", "1", "--dataset-size", "1e6", SCRIPT], "is not an integer"),
+        (
+            ["submit", "--min-gpus", "1", "--dataset-size", str(10**12 + 1), SCRIPT],
+            "not in the range 1..1000000000000",
+        ),
         (["controller", "--state-dir", SCRIPT], "is not a directory"),
         (["controller", "--nodes", "n1;reboot"], "invalid list"),
     ],

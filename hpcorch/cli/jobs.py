@@ -10,7 +10,7 @@ import click
 
 from hpcorch.cli import params
 from hpcorch.errors import HpcorchError
-from hpcorch.protocol import MAX_GRACE_S
+from hpcorch.protocol import MAX_DECLARED_EPOCHS, MAX_DECLARED_SAMPLES, MAX_GRACE_S
 from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.options import ENV_DEFAULTS, ignored_env
@@ -132,6 +132,18 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--max-relaunches",
     help="Relaunches after the job checkpointed at its time limit, or UNLIMITED [3].",
+)
+@click.option(
+    "--epochs",
+    type=params.Integer(1, MAX_DECLARED_EPOCHS),
+    help="Epochs the job will train: while it is queued the scheduler ranks it by this "
+    "declared length; the job's own report at start overrides it [default: unknown].",
+)
+@click.option(
+    "--dataset-size",
+    type=params.Integer(1, MAX_DECLARED_SAMPLES),
+    help="Samples per epoch, with --epochs the job's declared length (queue ranking only; "
+    "the job's own report at start overrides it) [default: unknown].",
 )
 @click.option(
     "--partition",

@@ -19,6 +19,8 @@ from typing import Any
 
 from hpcorch.protocol import (
     MAX_CPUS_PER_GPU,
+    MAX_DECLARED_EPOCHS,
+    MAX_DECLARED_SAMPLES,
     MAX_GLOBAL_BATCH,
     MAX_GPUS,
     MAX_GRACE_S,
@@ -37,9 +39,6 @@ MAX_SECONDS = 1e7
 MAX_BUDGET_S = 10**9
 """Longest time budget across launches (about 31 years)."""
 MAX_RELAUNCHES = 10**6
-MAX_DECLARED_EPOCHS = 10**6
-MAX_DECLARED_SAMPLES = 10**12
-"""Bounds on the length a job's comment declares (``epochs=``, ``dataset=``)."""
 
 
 class TagError(ValueError):

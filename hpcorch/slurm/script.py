@@ -130,6 +130,11 @@ class JobSpec:
     max_relaunches: int = -1
     """Relaunches after the job checkpointed on its own, e.g. at its time limit (-1: no
     cap)."""
+    epochs: int | None = None
+    """The length the user declared, in epochs: the scheduler ranks the job by it while it
+    is queued, until the job reports its own (None: not declared)."""
+    dataset_size: int | None = None
+    """Samples per epoch the user declared (None: not declared)."""
     spool: str | None = None
     """The controller's spool (a job in its pool): the wrapper reads the plan from
     <spool>/<Slurm job id>/plan.json, which only the controller writes."""
@@ -153,6 +158,12 @@ class JobSpec:
             parts.append(f"budget={self.time_budget_s}")
         if self.max_relaunches >= 0:
             parts.append(f"relaunches={self.max_relaunches}")
+        # for every job, like the bounds above: inert outside a pool, and the comment stays
+        # the one record of what was asked for
+        if self.epochs:
+            parts.append(f"epochs={self.epochs}")
+        if self.dataset_size:
+            parts.append(f"dataset={self.dataset_size}")
         if self.sidecar is not None:
             parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
             if not self.sidecar.resumable:
