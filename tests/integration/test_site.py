@@ -11,8 +11,12 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import Pool
 from tests.integration.controller_util import FAST, ControllerProc, submit, wait_for
+
+pytestmark = pytest.mark.slurm
 
 
 def test_slurm_checks_accounts_and_qos(accounting_pool: Pool) -> None:
