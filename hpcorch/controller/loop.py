@@ -125,9 +125,13 @@ class Controller:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
+
+        def unstorable(rec: JobRecord, exc: BaseException) -> JobRecord:
+            return self._unstorable(rec, exc, now)
+
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
-            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
+            self.records.write(unstorable)
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
@@ -159,7 +163,7 @@ class Controller:
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
-            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
+            self.records.write(unstorable)
             self.store.add_cycle(stats)
             meta = pool + "\n" + ends
             if meta != self._pool_meta:

@@ -452,10 +452,6 @@ class Store:
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
         return [_job(r) for r in rows]
 
-    def job_ids(self) -> set[int]:
-        """The Slurm ids of every job the store knows."""
-        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs")}
-
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()
         return None if r is None else _job(r)
@@ -465,15 +461,6 @@ class Store:
 
     def put_jobs(self, records: Sequence[JobRecord]) -> None:
         self.db.executemany(_PUT_JOB, [job_row(r) for r in records])
-
-    def lost_ids(self) -> set[int]:
-        """The Slurm ids of the jobs marked lost (they are re-adopted if Slurm shows them)."""
-        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs WHERE phase='lost'")}
-
-    def phases(self) -> dict[int, tuple[str, str]]:
-        """Every known job's phase and key, by Slurm id: one query."""
-        rows = self.db.execute("SELECT slurm_id, phase, job_key FROM jobs")
-        return {int(r[0]): (str(r[1]), str(r[2])) for r in rows}
 
     # --- decisions ----------------------------------------------------------------------
     def add_decision(
