@@ -20,6 +20,7 @@ from hpcorch.policy.types import Policy
 from hpcorch.sim.bound import lower_bound
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimConfig, SimResult
+from hpcorch.sim.regime import in_regime
 from hpcorch.sim.slurm_side import SimSlurm
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
@@ -62,6 +63,7 @@ def simulate_controlled(
         max_starts_per_cycle=max(64, len(workload)),
         settings=settings,
     )
+    policy = in_regime(policy, cfg.regime)
     decisions: list[float] = []
     cycles = 0
     with tempfile.TemporaryDirectory(prefix="hpcorch-sim-") as tmp:
