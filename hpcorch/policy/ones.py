@@ -66,6 +66,9 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
+    probe_free: bool = False
+    """A job that has only run on its first configuration is resized without hysteresis:
+    that first run was a measurement (experimental)."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -96,7 +99,13 @@ class OnesPolicy:
             base[:, 0] = np.inf
         t = base + np.where(change, snapshot.restart_cost_s, 0.0)
         running = (cur > 0)[:, None]
-        t = np.where(change & running, t / (1.0 - self.hysteresis), t)
+        hyst = np.full((n, 1), self.hysteresis)
+        if self.probe_free:
+            probed = np.array(
+                [j.restarts == 0 and len({s.gpus for s in j.profile}) <= 1 for j in jobs]
+            )
+            hyst[probed] = 0.0
+        t = np.where(change & running, t / (1.0 - hyst), t)
         # A job about to finish is never resized: the restart would cost more than it saves.
         t_now = est.time[np.arange(n), cur][:, None]
         ending = running & (t_now < self.min_resize_s) & (cols > 0)

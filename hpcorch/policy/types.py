@@ -92,6 +92,8 @@ class JobView:
     """False for a job that reports no progress: no throughput model can be fitted."""
     resizable: bool = True
     """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
+    model_bytes: int = 0
+    """Bytes of gradients the job all-reduces per step, as it reports them (0: unknown)."""
 
     @property
     def running(self) -> bool:
@@ -111,6 +113,7 @@ class CompletedJob:
     profile: tuple[StepSample, ...] = ()
     grad_history: tuple[tuple[float, float], ...] = ()
     cpu_profile: tuple[CpuSample, ...] = ()
+    model_bytes: int = 0
 
 
 @dataclass(frozen=True)
