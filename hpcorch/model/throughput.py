@@ -57,6 +57,9 @@ FIXED_FRACTION = 0.2
 # Part of the compute that hides the all-reduce, and the least part of it always waited.
 OVERLAP = 0.25
 FLOOR = 0.1
+# Fraction by which the all-reduce of a kind of configuration the job (or its group) never
+# ran is assumed shorter than the prior says: optimism drives it to measure it.
+OPTIMISM = 0.0
 # Seconds per gradient byte before any job measured a kind: one node's GPUs over PCIe
 # (per GPU beyond the first) and a 10 Gb/s network between nodes.
 DEFAULT_INTRA_S_PER_BYTE = 1 / 4e9
@@ -191,7 +194,7 @@ class ThroughputModel:
         comp = self.compute(b)
         inter = n > 1
         scale = _scale(n, g)
-        unit = self._prior_unit(inter, comp, scale)
+        unit = self._prior_unit(inter, comp, scale) * (1.0 - OPTIMISM)
         if len(self._m_unit):
             q = np.stack([np.log2(np.maximum(n, 1)), np.log2(np.maximum(g, 1)), np.log2(b)], -1)
             d2 = ((q[:, None, :] - self._m_feat[None, :, :]) ** 2).sum(-1)
