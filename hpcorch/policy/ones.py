@@ -70,7 +70,10 @@ class OnesPolicy:
     """A job that has only run on its first configuration is resized without hysteresis:
     that first run was a measurement (experimental)."""
     name: str = "ones"
+    dwell_s: float = 0.0
+    """A job resized less than this long ago keeps its GPUs (experimental; 0: off)."""
     _pop: list[dict[str, int]] = field(default_factory=list)
+    _since: dict[str, tuple[int, float]] = field(default_factory=dict)
     _rng: np.random.Generator | None = None
 
     def schedule(self, snapshot: Snapshot) -> Plan:
@@ -110,6 +113,13 @@ class OnesPolicy:
         t_now = est.time[np.arange(n), cur][:, None]
         ending = running & (t_now < self.min_resize_s) & (cols > 0)
         t = np.where(ending & change, np.inf, t)
+        if self.dwell_s > 0:
+            for i, j in enumerate(jobs):
+                seen = self._since.get(j.job_id)
+                if seen is None or seen[0] != j.gpus:
+                    self._since[j.job_id] = (j.gpus, snapshot.now)
+                elif j.gpus and snapshot.now - seen[1] < self.dwell_s:
+                    t[i, cols[0] != cur[i]] = np.inf
         with np.errstate(divide="ignore"):
             value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
         value[:, 0] = 0.0
