@@ -107,7 +107,6 @@ def main() -> None:
                 env,
                 *hp,
                 "submit",
-                str(REPO / "examples" / "train_elastic.py"),
                 "--pool",
                 "bench",
                 "--name",
@@ -119,7 +118,7 @@ def main() -> None:
                 "--batch-size",
                 "64",
                 "--parsable",
-                "--",
+                str(REPO / "examples" / "train_elastic.py"),
                 "--global-batch",
                 "64",
                 "--samples",
@@ -233,13 +232,12 @@ def many(env: dict[str, str], hp: list[str], work: Path, n: int) -> None:
     )
     try:
         t0 = time.perf_counter()
-        sh(env, *hp, "submit", str(script), "--pool", "bench-many", "--min-gpus", "1", "--parsable")
+        sh(env, *hp, "submit", "--pool", "bench-many", "--min-gpus", "1", "--parsable", str(script))
         cli = time.perf_counter() - t0
         text = sh(
             env,
             *hp,
             "submit",
-            str(script),
             "--pool",
             "bench-many",
             "--min-gpus",
@@ -247,6 +245,7 @@ def many(env: dict[str, str], hp: list[str], work: Path, n: int) -> None:
             "--max-gpus",
             "2",
             "--dry-run",
+            str(script),
         )
         t0 = time.perf_counter()
         for _ in range(n - 1):

@@ -6,8 +6,8 @@ $SLURM_JOB_ID`), and it exits; at start it resumes from the newest `hpc_ckpt_N.c
 Lightning does. It logs progress as JSON lines to ROOT/progress.jsonl, like a logger. Under
 hpcorch it runs in sidecar mode with the stop signal USR1:
 
-    hpcorch submit examples/train_lightning_style.py --min-gpus 2 --max-gpus 4 \\
-        --stop-signal USR1 --ckpt-dir root --progress-file root/progress.jsonl -- --root-dir root
+    hpcorch submit --min-gpus 2 --max-gpus 4 --stop-signal USR1 --ckpt-dir root \\
+        --progress-file root/progress.jsonl examples/train_lightning_style.py --root-dir root
 """
 
 from __future__ import annotations

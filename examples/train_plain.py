@@ -4,9 +4,9 @@ It checkpoints to --ckpt-dir every --ckpt-every steps, and at the next step afte
 then exits; `--resume PATH` continues from a checkpoint at any world size. It prints
 `step N/TOTAL loss X` on rank 0. Under hpcorch it runs in sidecar mode:
 
-    hpcorch submit examples/train_plain.py --min-gpus 2 --max-gpus 4 \\
+    hpcorch submit --min-gpus 2 --max-gpus 4 \\
         --ckpt-dir ckpt --resume-arg '--resume {ckpt}' --progress-regex 'step (\\d+)/(\\d+)' \\
-        -- --ckpt-dir ckpt --steps 2000
+        examples/train_plain.py --ckpt-dir ckpt --steps 2000
 """
 
 from __future__ import annotations

@@ -72,6 +72,11 @@ class Observation:
     time: float
     nodes: tuple[PoolNode, ...]
     jobs: tuple[ObservedJob, ...]
+    pool_ends_at: float = 0.0
+    """When the pool (the Slurm reservation) ends, Unix time; 0: never, or unknown."""
+    fair_shares: Mapping[str, float] = field(default_factory=dict)
+    """User -> the scheduler's fair-share factor (0..1; Slurm's FairShare with
+    accounting). Empty: every user counts the same."""
 
 
 @dataclass(frozen=True)

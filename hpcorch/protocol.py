@@ -52,6 +52,14 @@ ENV_CPUS_PER_GPU = "HPCORCH_CPUS_PER_GPU"
 """CPUs the job has with each GPU in this launch (data-loading workers + the trainer)."""
 ENV_METRICS_INTERVAL = "HPCORCH_METRICS_INTERVAL"
 """Least seconds between two metrics lines (default 5)."""
+ENV_TIME_BUDGET = "HPCORCH_TIME_BUDGET"
+"""Seconds of run time the job may use across all its launches (unset: no budget)."""
+ENV_MAX_RELAUNCHES = "HPCORCH_MAX_RELAUNCHES"
+"""Relaunches allowed after the job checkpointed on its own, e.g. at its time limit."""
+DEFAULT_MAX_RELAUNCHES = 3
+"""The cap on such relaunches when the user sets none (as submitit's default)."""
+BUDGET_FILE = "time-used"
+"""In a standalone job's directory: 'RELAUNCHES SECONDS' used so far (the wrapper's)."""
 
 # --- the sidecar: a training script that does not use the runtime ----------------------
 ENV_MODE = "HPCORCH_MODE"

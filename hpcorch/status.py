@@ -8,6 +8,31 @@ from typing import Any
 
 from hpcorch.slurm.parse import SlurmJob, SlurmNode
 from hpcorch.slurm.script import parse_comment
+from hpcorch.status_format import (
+    COMPACT_STATES,
+    STATUS_VERSION,
+    Field,
+    FormatError,
+    parse_format,
+    render_rows,
+    render_table,
+)
+from hpcorch.timefmt import fmt_duration
+
+__all__ = [
+    "COMPACT_STATES",
+    "FormatError",
+    "JobRow",
+    "Managed",
+    "PoolRow",
+    "fmt_duration",
+    "job_rows",
+    "parse_format",
+    "pool_rows",
+    "render_status",
+    "render_table",
+    "status_document",
+]
 
 
 @dataclass(frozen=True)
@@ -26,13 +51,18 @@ class JobRow:
     nodes: str
     reason: str
     phase: str = ""
-    """The controller's phase of the job, when a controller manages it."""
+    """The controller's phase of the job, when a controller manages it ("" otherwise)."""
     micro_batch: int = 0
     accum_steps: int = 0
     samples_per_s: float = 0.0
     mode: str = "managed"
     """managed (the script uses the runtime) or sidecar; "(detected)" when found at launch."""
     lost_steps: int = 0
+    account: str = ""
+    qos: str = ""
+    partition: str = ""
+    time_limit_s: int | None = None
+    """Slurm's time limit of each launch (None: UNLIMITED)."""
 
     def batch_text(self) -> str:
         if not self.global_batch:
@@ -73,15 +103,29 @@ def _int(fields: dict[str, str], key: str) -> int | None:
 def job_rows(
     jobs: Sequence[SlurmJob],
     now: int,
-    user: str | None = None,
+    user: str | Sequence[str] | None = None,
     managed: Mapping[int, Managed] | None = None,
+    job_ids: Sequence[int] = (),
+    states: Sequence[str] = (),
+    phases: Sequence[str] = (),
+    names: Sequence[str] = (),
 ) -> list[JobRow]:
-    """hpcorch's jobs (marked by their comment), optionally one user's, oldest first."""
+    """hpcorch's jobs (marked by their comment), oldest first; filtered, as squeue's
+    -u/-j/-t/-n do, by users, job ids, Slurm states (names or squeue's short codes),
+    controller phases and job names (each filter: any of its values)."""
     managed = managed or {}
+    users = [user] if isinstance(user, str) else list(user or ())
+    wanted_states = {COMPACT_STATES.get(s.upper(), s.upper()) for s in states}
     rows = []
     for job in sorted(jobs, key=lambda j: j.job_id):
         fields = parse_comment(job.comment)
-        if fields is None or (user is not None and job.user != user):
+        if fields is None or (users and job.user not in users):
+            continue
+        if (job_ids and job.job_id not in job_ids) or (names and job.name not in names):
+            continue
+        if wanted_states and job.state not in wanted_states:
+            continue
+        if phases and (managed[job.job_id].phase if job.job_id in managed else "") not in phases:
             continue
         started = job.start_time if job.state not in ("PENDING",) else 0
         ended = job.end_time if job.end_time and job.state not in ("RUNNING",) else now
@@ -107,6 +151,10 @@ def job_rows(
                 samples_per_s=m.samples_per_s if m else 0.0,
                 mode=m.mode if m else fields.get("mode", "managed"),
                 lost_steps=m.lost_steps if m else 0,
+                account=job.account,
+                qos=job.qos,
+                partition=job.partition,
+                time_limit_s=job.time_limit_min * 60 if job.time_limit_min else None,
             )
         )
     return rows
@@ -120,23 +168,53 @@ def pool_rows(nodes: Sequence[SlurmNode], partition: str | None = None) -> list[
     ]
 
 
-def fmt_duration(seconds: int) -> str:
-    days, rem = divmod(seconds, 86400)
-    hours, rem = divmod(rem, 3600)
-    minutes, secs = divmod(rem, 60)
-    hms = f"{hours:d}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:d}:{secs:02d}"
-    return f"{days}-{hms}" if days else hms
+def _gpus(j: JobRow) -> str:
+    return str(j.gpus) if j.state != "PENDING" else "0"
 
 
-def render_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    for r in rows:
-        lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-    return "\n".join(lines)
+def _reason_list(j: JobRow) -> str:
+    return f"({j.reason})" if j.state == "PENDING" else j.nodes
 
 
-def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
+_F = Field[JobRow]
+COMPACT_OF = {v: k for k, v in COMPACT_STATES.items()}
+JOB_FIELDS: dict[str, Field[JobRow]] = {
+    f.name: f
+    for f in (
+        _F("jobid", "JOBID", lambda j: str(j.job_id), "i"),
+        _F("name", "NAME", lambda j: j.name, "j"),
+        _F("user", "USER", lambda j: j.user, "u"),
+        _F("account", "ACCOUNT", lambda j: j.account or "-", "a"),
+        _F("qos", "QOS", lambda j: j.qos or "-", "q"),
+        _F("partition", "PARTITION", lambda j: j.partition, "P"),
+        _F("mode", "MODE", lambda j: j.mode),
+        _F("state", "STATE", lambda j: j.state, "T"),
+        _F("statecompact", "ST", lambda j: COMPACT_OF.get(j.state, j.state), "t"),
+        _F("phase", "PHASE", lambda j: j.phase.upper() if j.phase else "-"),
+        _F("gpus", "GPUS", _gpus, "b"),
+        _F("range", "MIN-MAX", lambda j: f"{j.min_gpus}-{j.max_gpus}"),
+        _F("batch", "BATCH", JobRow.batch_text),
+        _F("restarts", "RESTARTS", lambda j: str(j.restarts)),
+        _F("time", "TIME", lambda j: fmt_duration(j.run_time_s), "M"),
+        _F("timelimit", "TIME_LIMIT", lambda j: fmt_duration(j.time_limit_s), "l"),
+        _F("samples", "SAMPLES/S", lambda j: f"{j.samples_per_s:.0f}" if j.samples_per_s else "-"),
+        _F("nodelist", "NODELIST", lambda j: j.nodes if j.state != "PENDING" else "-", "N"),
+        _F("reason", "REASON", lambda j: j.reason, "r"),
+        _F("reasonlist", "NODELIST(REASON)", _reason_list, "R"),
+        _F("key", "KEY", lambda j: j.job_key),
+    )
+}
+"""Every column ``status -o`` can show, by name (and squeue's letter, where it has one)."""
+DEFAULT_FIELDS = (
+    "jobid,name,user,mode,state,phase,gpus,range,batch,restarts,time,timelimit,reasonlist"
+)
+MANAGED_FIELDS = (
+    "jobid,name,user,mode,state,phase,gpus,range,batch,restarts,time,timelimit,samples,"
+    "nodelist,reason"
+)
+
+
+def render_pool(pool: Sequence[PoolRow]) -> str:
     total = sum(p.gpus for p in pool)
     busy = sum(p.gpus_busy for p in pool)
     out = [f"POOL  {len(pool)} nodes, {total} GPUs: {busy} busy, {total - busy} free"]
@@ -147,42 +225,37 @@ def render_status(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> str:
                 [[p.node, p.state, str(p.gpus), str(p.gpus_busy)] for p in pool],
             )
         )
-    out.append("")
-    if not jobs:
-        out.append("no hpcorch jobs")
-        return "\n".join(out)
-    managed = any(j.phase for j in jobs)
-    headers = ["JOBID", "NAME", "USER", "MODE", "STATE", "GPUS", "MIN-MAX", "BATCH", "RESTARTS"]
-    headers.append("TIME")
-    headers += ["SAMPLES/S", "NODELIST", "REASON"] if managed else ["NODELIST(REASON)"]
-    rows = []
-    for j in jobs:
-        row = [
-            str(j.job_id),
-            j.name,
-            j.user,
-            j.mode,
-            j.phase.upper()
-            if (managed and j.phase and j.state != "PENDING") or j.phase == "queued"
-            else j.state,
-            str(j.gpus) if j.state != "PENDING" else "0",
-            f"{j.min_gpus}-{j.max_gpus}",
-            j.batch_text(),
-            str(j.restarts),
-            fmt_duration(j.run_time_s),
-        ]
-        if managed:
-            row += [
-                f"{j.samples_per_s:.0f}" if j.samples_per_s else "-",
-                j.nodes if j.state != "PENDING" else "-",
-                j.reason,
-            ]
-        else:
-            row.append(f"({j.reason})" if j.state == "PENDING" else j.nodes)
-        rows.append(row)
-    out.append(render_table(headers, rows))
     return "\n".join(out)
 
 
+def render_jobs(jobs: Sequence[JobRow], fmt: str | None = None, header: bool = True) -> str:
+    """The jobs as a table: ``fmt`` as squeue's -o (``%.8i %j %T``) or a list of field
+    names (``jobid,name,phase``); default: hpcorch's columns."""
+    if fmt is None:
+        fmt = MANAGED_FIELDS if any(j.phase for j in jobs) else DEFAULT_FIELDS
+    return render_rows(parse_format(fmt, JOB_FIELDS), jobs, header)
+
+
+def render_status(
+    pool: Sequence[PoolRow],
+    jobs: Sequence[JobRow],
+    fmt: str | None = None,
+    header: bool = True,
+    show_pool: bool = True,
+) -> str:
+    """The pool, then the jobs (or "no hpcorch jobs")."""
+    out = [render_pool(pool), ""] if show_pool else []
+    if not jobs and header:
+        out.append("no hpcorch jobs")
+    elif jobs or not header:
+        out.append(render_jobs(jobs, fmt, header))
+    return "\n".join(out).rstrip("\n")
+
+
 def status_document(pool: Sequence[PoolRow], jobs: Sequence[JobRow]) -> dict[str, Any]:
-    return {"pool": [asdict(p) for p in pool], "jobs": [asdict(j) for j in jobs]}
+    """``status --json``: versioned, so that scripts can check what they read."""
+    return {
+        "version": STATUS_VERSION,
+        "pool": [asdict(p) for p in pool],
+        "jobs": [asdict(j) for j in jobs],
+    }

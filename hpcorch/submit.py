@@ -6,16 +6,18 @@ import json
 import os
 import re
 import secrets
+import shutil
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from hpcorch.errors import SubmitError
+from hpcorch.errors import HpcorchError, SubmitError
 from hpcorch.paths import jobs_dir, wrapper_path
-from hpcorch.protocol import BATCH_SCRIPT_FILE, JOB_SPEC_FILE
+from hpcorch.protocol import BATCH_SCRIPT_FILE, DEFAULT_MAX_RELAUNCHES, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
+from hpcorch.slurm.options import SlurmOptions
 from hpcorch.slurm.parse import SlurmNode
 from hpcorch.slurm.script import (
     JobSpec,
@@ -55,6 +57,12 @@ class SubmitRequest:
     """auto (by whether the script imports hpcorch.runtime), managed or sidecar."""
     sidecar: SidecarSpec | None = None
     """The user's sidecar options, if any were given."""
+    options: SlurmOptions = field(default_factory=SlurmOptions)
+    """Further Slurm options (account, QOS, memory, ...), validated."""
+    time_budget_s: int = 0
+    """Run time across all launches (0: none); ``time_limit`` is per launch."""
+    max_relaunches: int = DEFAULT_MAX_RELAUNCHES
+    """Relaunches after checkpointing on its own, e.g. at the time limit (-1: no cap)."""
 
 
 @dataclass(frozen=True)
@@ -172,11 +180,20 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         python=sys.executable,
         sidecar=resolve_mode(req),
         min_cpus_per_gpu=req.cpus_per_gpu or 0,
+        slurm_options=tuple(req.options.sbatch_lines()),
+        time_budget_s=req.time_budget_s,
+        max_relaunches=req.max_relaunches,
     )
 
 
-def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> SubmitResult:
-    """Submit ``req`` straight to Slurm at its minimum GPU count."""
+def submit(
+    req: SubmitRequest,
+    backend: SlurmBackend,
+    dry_run: bool = False,
+    files: Mapping[str, bytes] | None = None,
+) -> SubmitResult:
+    """Submit ``req`` (into its pool, or straight to Slurm at its minimum GPU count).
+    ``files``: more files for the job directory (name -> content), written before sbatch."""
     partition = resolve_partition(backend, req.partition)
     only = None
     if req.pool is not None:
@@ -197,6 +214,10 @@ def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> 
         return SubmitResult(job_key, text, job_dir, None)
     job_dir.mkdir(parents=True, mode=0o750)
     (job_dir / BATCH_SCRIPT_FILE).write_text(text)
+    for name, content in (files or {}).items():
+        if "/" in name or name.startswith("."):
+            raise SubmitError(f"not a file name for the job directory: {name!r}")
+        (job_dir / name).write_bytes(content)
     record: dict[str, object] = {
         "job_key": job_key,
         "request": asdict(req),
@@ -204,7 +225,11 @@ def submit(req: SubmitRequest, backend: SlurmBackend, dry_run: bool = False) -> 
         "slurm_id": None,
     }
     _write_json(job_dir / JOB_SPEC_FILE, record)
-    slurm_id = backend.submit(text)
+    try:
+        slurm_id = backend.submit(text)
+    except HpcorchError:
+        shutil.rmtree(job_dir, ignore_errors=True)  # nothing was submitted: leave no trace
+        raise
     record["slurm_id"] = slurm_id
     _write_json(job_dir / JOB_SPEC_FILE, record)
     return SubmitResult(job_key, text, job_dir, slurm_id)

@@ -96,3 +96,41 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     pool = Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
     yield pool
     subprocess.run([str(POOL_SCRIPT), "down"], env=env, check=False, capture_output=True)
+
+
+ACCOUNTING_PACKAGES = ("mariadb-server", "slurmdbd")
+
+
+def _debs_installed(*names: str) -> bool:
+    res = subprocess.run(["dpkg", "-s", *names], capture_output=True, check=False)
+    return res.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def accounting_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
+    """A second pool run as sites run theirs: slurmdbd on MariaDB with
+    ``AccountingStorageEnforce=associations,limits,qos`` (accounts ``ml`` and ``physics``,
+    QOS ``normal`` and ``high``, root in both accounts; its default account is ``root``)
+    and nodes named ``gpu-a001`` .. ``gpu-a004``; squeue forgets a job 5 s after it ends
+    (MinJobAge), so sacct must answer for it. In .run/test-pool-acct, port base
+    $HPCORCH_TEST_POOL_PORT + 100."""
+    if not _slurm_installed() or not _debs_installed(*ACCOUNTING_PACKAGES):
+        if os.environ.get("CI"):
+            pytest.fail("Slurm or MariaDB is not installed: run 'slurm/pool install --accounting'")
+        pytest.skip("the accounting pool needs 'slurm/pool install --accounting'")
+    pool_dir = Path(os.environ.get("HPCORCH_TEST_ACCT_POOL_DIR", REPO / ".run" / "test-pool-acct"))
+    default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
+    port = int(os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port))) + 100
+    env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
+    argv = [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4"]
+    argv += ["--port-base", str(port), "--accounting", "--node-prefix", "gpu-a"]
+    argv += ["--node-digits", "3", "--min-job-age", "5"]
+    res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"slurm/pool up --accounting failed: {res.stderr[-2000:]}")
+    env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
+    home = tmp_path_factory.mktemp("hpcorch-home-acct")
+    env["HPCORCH_HOME"] = str(home)
+    env["PYTHONUNBUFFERED"] = "1"
+    yield Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
+    subprocess.run([str(POOL_SCRIPT), "down"], env=env, check=False, capture_output=True)

@@ -31,24 +31,24 @@ def error_line(stderr: str) -> str:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["/no/such/train.py", "--min-gpus", "2"], "does not exist"),
-        ([SCRIPT, "--min-gpus", "0"], "--min-gpus"),
-        ([SCRIPT, "--min-gpus", "two"], "--min-gpus"),
+        (["--min-gpus", "2", "/no/such/train.py"], "does not exist"),
+        (["--min-gpus", "0", SCRIPT], "--min-gpus"),
+        (["--min-gpus", "two", SCRIPT], "--min-gpus"),
         ([SCRIPT], "--min-gpus"),
-        ([SCRIPT, "--min-gpus", "4", "--max-gpus", "2"], "--min-gpus 4 is above --max-gpus 2"),
-        ([SCRIPT, "--min-gpus", "1", "--batch-size", "64", "--max-batch-size", "32"], "above"),
-        ([SCRIPT, "--min-gpus", "1", "--time", "soon"], "invalid time limit"),
-        ([SCRIPT, "--min-gpus", "1", "--name", "my job"], "invalid job name"),
-        ([SCRIPT, "--min-gpus", "1", "--stop-signal", "SIGNOPE"], "unknown signal 'SIGNOPE'"),
-        ([SCRIPT, "--min-gpus", "1", "--progress-regex", "step ("], "does not compile"),
-        ([SCRIPT, "--min-gpus", "1", "--progress-regex", "step"], "captures nothing"),
-        ([SCRIPT, "--min-gpus", "1", "--resume-arg", "--resume {ckpt}"], "needs --ckpt-dir"),
-        ([SCRIPT, "--min-gpus", "1", "--resume-arg", "'unclosed"], "quotation"),
+        (["--min-gpus", "4", "--max-gpus", "2", SCRIPT], "--min-gpus 4 is above --max-gpus 2"),
+        (["--min-gpus", "1", "--batch-size", "64", "--max-batch-size", "32", SCRIPT], "above"),
+        (["--min-gpus", "1", "--time", "soon", SCRIPT], "invalid --time 'soon'"),
+        (["--min-gpus", "1", "--name", "my job", SCRIPT], "invalid job name"),
+        (["--min-gpus", "1", "--stop-signal", "SIGNOPE", SCRIPT], "unknown signal 'SIGNOPE'"),
+        (["--min-gpus", "1", "--progress-regex", "step (", SCRIPT], "does not compile"),
+        (["--min-gpus", "1", "--progress-regex", "step", SCRIPT], "captures nothing"),
+        (["--min-gpus", "1", "--resume-arg", "--resume {ckpt}", SCRIPT], "needs --ckpt-dir"),
+        (["--min-gpus", "1", "--resume-arg", "'unclosed", SCRIPT], "quotation"),
         (
-            [SCRIPT, "--min-gpus", "1", "--stop-signal", "USR1", "--stop-command", "touch x"],
+            ["--min-gpus", "1", "--stop-signal", "USR1", "--stop-command", "touch x", SCRIPT],
             "not both",
         ),
-        ([SCRIPT, "--min-gpus", "1", "--mode", "hybrid"], "'hybrid' is not one of"),
+        (["--min-gpus", "1", "--mode", "hybrid", SCRIPT], "'hybrid' is not one of"),
     ],
 )
 def test_usage_errors_exit_2(no_slurm: Path, args: list[str], needle: str) -> None:
@@ -59,7 +59,7 @@ def test_usage_errors_exit_2(no_slurm: Path, args: list[str], needle: str) -> No
 
 
 def test_no_slurm_reachable_exits_1(no_slurm: Path) -> None:
-    result = CliRunner().invoke(main, ["submit", SCRIPT, "--min-gpus", "2"])
+    result = CliRunner().invoke(main, ["submit", "--min-gpus", "2", SCRIPT])
     assert result.exit_code == 1
     assert error_line(result.stderr) == ("Error: sinfo not found: is Slurm installed and on PATH?")
     assert not no_slurm.exists()

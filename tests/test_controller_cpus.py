@@ -10,7 +10,7 @@ from typing import Any
 
 from hpcorch.cluster import Observation, PoolNode
 from hpcorch.controller.snapshot import cpu_profile_of
-from hpcorch.controller.store import Sample, Store
+from hpcorch.controller.store import SCHEMA_VERSION, Sample, Store
 from tests.test_controller_logic import FakeCluster, controller
 
 
@@ -108,4 +108,4 @@ def test_an_old_state_database_gains_the_new_columns(tmp_path: Path) -> None:
     assert len(old) == 1 and old[0].cpus_per_gpu == 0 and old[0].data_wait is None
     store.add_samples([Sample(7, 2.0, 2, 1, 32, 1, 64, 0.5, 128.0, cpus_per_gpu=3)])
     assert store.samples(7)[-1].cpus_per_gpu == 3
-    assert store.get_meta("schema") == "2"
+    assert store.get_meta("schema") == str(SCHEMA_VERSION)

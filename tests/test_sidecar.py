@@ -320,4 +320,7 @@ def test_sidecar_refuses_a_bad_configuration(tmp_path: Path) -> None:
     proc = _run_sidecar(tmp_path, 0, {"HPCORCH_STOP_SIGNAL": "BOGUS"})
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == EXIT_CONFIG
-    assert err.strip().splitlines() == ["hpcorch-sidecar[?]: unknown signal 'BOGUS'"]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(
+        " hpcorch-sidecar[?]: error: unknown signal 'BOGUS'"
+    )

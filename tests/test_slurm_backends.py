@@ -9,7 +9,9 @@ pyslurm 25.11's documented API; no real pyslurm or Slurm 25.11 is involved.
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
 import types
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -67,7 +69,7 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
         ["scontrol", "release", "12"],
         ["scontrol", "requeuehold", "12"],
         ["scontrol", "create", "reservation", "ReservationName=pool", "Nodes=n[1-4]",
-         "Users=alice", "StartTime=now", "Duration=infinite", "Flags=IGNORE_JOBS",
+         "Users=alice", "StartTime=now", "Duration=3650-00:00:00", "Flags=IGNORE_JOBS",
          "PartitionName=gpu"],
         ["scancel", "--signal=USR2", "--batch", "12"],
     ]  # fmt: skip
@@ -76,17 +78,98 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
 def test_cli_reservation_nodes() -> None:
     cli = RecordingCLI(
         {
-            ("scontrol", "show", "reservation", "pool"): "ReservationName=pool Nodes=n[1-2] U",
-            ("scontrol", "show", "hostnames", "n[1-2]"): "n1\nn2\n",
-            ("scontrol", "show", "reservation", "empty"): "ReservationName=empty Nodes=(null)",
+            ("scontrol", "-o", "show", "reservation", "pool"): (
+                "ReservationName=pool StartTime=2026-01-01T00:00:00 EndTime=2036-01-01T00:00:00 "
+                "Duration=3652-00:00:00 Nodes=gpu-a[001-002],c196-011 NodeCnt=3 "
+                "Flags=IGNORE_JOBS,SPEC_NODES Users=hpcorch"
+            ),
+            ("scontrol", "-o", "show", "reservation", "empty"): (
+                "ReservationName=empty Nodes=(null) EndTime=Unknown"
+            ),
         }
     )
-    assert cli.reservation_nodes("pool") == ["n1", "n2"]
-    assert cli.reservation_nodes("empty") == []
+    assert cli.reservation_nodes("pool") == ["gpu-a001", "gpu-a002", "c196-011"]
+    res = cli.reservation("pool")
+    assert res.flags == ("IGNORE_JOBS", "SPEC_NODES") and res.users == "hpcorch"
+    assert res.end_time == time.mktime((2036, 1, 1, 0, 0, 0, 0, 0, -1))
+    assert cli.reservation_nodes("empty") == [] and cli.reservation("empty").end_time == 0
+    with pytest.raises(SlurmCommandError, match="not found"):
+        cli.reservation("other")
+    assert cli.calls == 5  # one scontrol call each: hostlists are expanded in-process
+
+
+def _pool(end: float) -> str:
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end))
+    return f"ReservationName=pool EndTime={stamp} Nodes=n[1-2] Flags=IGNORE_JOBS"
+
+
+class ReservationCLI(RecordingCLI):
+    """A reservation whose end moves when it is extended (unless the update fails)."""
+
+    def __init__(self, end: float) -> None:
+        empty = {("squeue", "--json"): '{"jobs": []}', ("sinfo", "--json"): '{"nodes": []}'}
+        super().__init__(empty)
+        self.end = end
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        out = super().run(argv, stdin)
+        if list(argv[:3]) == ["scontrol", "update", "ReservationName=pool"]:
+            self.end = time.mktime(time.strptime(argv[3].split("=")[1], "%Y-%m-%dT%H:%M:%S"))
+        return _pool(self.end) if "show" in argv else out
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def ctl_log() -> Iterator[_Records]:
+    """The controller's log records (hpcorch's logger may not propagate to pytest's)."""
+    logger = logging.getLogger("hpcorch.controller")
+    handler, level = _Records(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_the_reservation_is_extended_before_it_ends(ctl_log: _Records) -> None:
+    now = time.time()
+    cli = ReservationCLI(now + 10 * 86400)
+    cluster = SlurmCluster("pool", backend=cli)
+    assert cluster.reservation_nodes(refresh=True) == ("n1", "n2")
+    assert cli.argv[1][:3] == ["scontrol", "update", "ReservationName=pool"]
+    assert cluster.pool_ends_at == pytest.approx(now + 3650 * 86400, abs=5)
+    assert cluster.observe().pool_ends_at == cluster.pool_ends_at
+    assert any("extended to" in r.getMessage() for r in ctl_log.records)
+    # far from its end: read, not touched
+    cli.argv.clear()
+    cluster.reservation_nodes(refresh=True)
+    assert [a[:2] for a in cli.argv] == [["scontrol", "-o"], ["sshare", "-a"]]  # no update
+
+
+def test_a_reservation_that_cannot_be_extended_is_a_warning_each_hour(ctl_log: _Records) -> None:
+    now = time.time()
+    cli = ReservationCLI(now + 2 * 86400)
+    cli.fail["update"] = "Access/permission denied"
+    cluster = SlurmCluster("pool", backend=cli)
+    cluster.reservation_nodes(refresh=True)
+    cluster.reservation_nodes(refresh=True)  # within the hour: no second warning
+    warnings = [r.getMessage() for r in ctl_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    assert "ends " in warnings[0] and "could not be extended" in warnings[0]
+    assert "permission denied" in warnings[0] and "(in 2.0 days)" in warnings[0]
+    assert cluster.pool_ends_at == pytest.approx(now + 2 * 86400, abs=2)
 
 
 def test_cluster_start_tolerates_a_job_not_held() -> None:
-    cli = RecordingCLI({("scontrol", "show", "reservation", "pool"): "Nodes=n1"})
+    cli = RecordingCLI({("scontrol", "-o", "show", "reservation", "pool"): "Nodes=n1"})
     cli.fail["release"] = "Job is not held"
     cluster = SlurmCluster("pool", backend=cli)
     cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
@@ -419,8 +502,8 @@ def test_submit_options_from_the_golden_script() -> None:
     }
     held = submit_options("#!/bin/bash\n#SBATCH --hold\necho\n#SBATCH --nodes=9\n")
     assert held == {"script": held["script"], "priority": 0}  # options stop at a command
-    with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--wckey'"):
-        submit_options("#!/bin/bash\n#SBATCH --wckey=x\n")
+    with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--switches'"):
+        submit_options("#!/bin/bash\n#SBATCH --switches=1\n")
 
 
 def test_pyslurm_submit(pyslurm_module: types.ModuleType) -> None:

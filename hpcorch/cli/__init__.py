@@ -11,8 +11,9 @@ from hpcorch import __version__
 
 COMMANDS = {
     "submit": "hpcorch.cli.jobs:submit",
-    "status": "hpcorch.cli.jobs:status",
-    "cancel": "hpcorch.cli.jobs:cancel",
+    "status": "hpcorch.cli.status:status",
+    "cancel": "hpcorch.cli.status:cancel",
+    "logs": "hpcorch.cli.logs:logs",
     "controller": "hpcorch.cli.controller:controller",
     "describe": "hpcorch.cli.controller:describe",
     "resize": "hpcorch.cli.controller:resize",

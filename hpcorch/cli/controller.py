@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import fcntl
 import getpass
+import logging
 import os
 import signal
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import click
 import numpy as np
 
+from hpcorch import logsetup
+from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
-from hpcorch.controller.prom import render_metrics
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError, SlurmCommandError
@@ -72,7 +73,13 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
 @click.option("--users", help="Users of a new reservation [default: you].")
 @click.option("--partition", help="Partition of a new reservation.")
-@click.option("--policy", type=click.Choice(sorted(POLICIES)), default="ones", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(sorted(POLICIES)),
+    default="ones",
+    show_default=True,
+    help="The scheduling policy that decides GPUs and batch sizes.",
+)
 @click.option(
     "--interval",
     type=click.FloatRange(min=0.1),
@@ -88,7 +95,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
-@click.option("--restart-cost", type=click.FloatRange(min=0), default=30.0, show_default=True)
+@click.option(
+    "--restart-cost",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds a resize costs a job, as the policy assumes.",
+)
 @click.option(
     "--grace",
     type=click.FloatRange(min=1),
@@ -96,7 +109,13 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
-@click.option("--max-retries", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option(
+    "--max-retries",
+    type=click.IntRange(min=0),
+    default=2,
+    show_default=True,
+    help="Relaunches of a failed job (from its last checkpoint) before it is left failed.",
+)
 @click.option(
     "--min-run",
     type=click.FloatRange(min=0),
@@ -104,9 +123,24 @@ def _lock(directory: Path) -> Iterator[None]:
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the policy.")
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @state_dir_option
+@click.option(
+    "--log-level",
+    type=click.Choice(logsetup.LEVELS),
+    default="info",
+    show_default=True,
+    help="Least severe log lines written.",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(logsetup.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text, or one JSON object per line (for Loki, Elasticsearch).",
+)
+@config_option("HPCORCH_CONTROLLER_CONFIG")
 def controller(
     reservation: str,
     nodes: str | None,
@@ -122,8 +156,12 @@ def controller(
     seed: int,
     once: bool,
     state_dir: str | None,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run the controller: hold the pool, schedule its jobs, until SIGTERM."""
+    logsetup.configure("hpcorch-controller", log_level, log_format)
+    log = logging.getLogger("hpcorch.controller")
     directory = controller_dir(state_dir)
     with _lock(directory):
         try:
@@ -139,10 +177,13 @@ def controller(
             raise click.ClickException(str(exc)) from exc
         store.set_meta("reservation", reservation)
         pool = cluster.reservation_nodes()
-        click.echo(
-            f"hpcorch-controller: {done} reservation '{reservation}' ({len(pool)} nodes); "
-            f"policy {policy}; state in {directory}",
-            err=True,
+        log.info(
+            "%s reservation '%s' (%d nodes); policy %s; state in %s",
+            done,
+            reservation,
+            len(pool),
+            policy,
+            directory,
         )
         config = LoopConfig(
             interval_s=interval,
@@ -154,7 +195,7 @@ def controller(
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: Any) -> None:
-            click.echo(f"hpcorch-controller: {signal.Signals(signum).name}: stopping", err=True)
+            log.info("%s: stopping", signal.Signals(signum).name)
             stop.set()
 
         signal.signal(signal.SIGTERM, on_signal)
@@ -178,11 +219,20 @@ def _open_store(state_dir: str | None) -> Store:
 @state_dir_option
 def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
+    from hpcorch.cli.status import describe_from_slurm
+
+    if not (controller_dir(state_dir) / STATE_DB).exists():
+        describe_from_slurm(job_id)  # no controller here: what Slurm and the job dir say
+        return
     store = _open_store(state_dir)
     rec = store.job(job_id)
     if rec is None:
-        raise click.ClickException(f"job {job_id} is not known to the controller")
+        describe_from_slurm(job_id)
+        return
+    slurm = _slurm_view(job_id)
     click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
+    if slurm:
+        click.echo(f"  Slurm: {slurm}")
     click.echo(
         f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
         f"{rec.global_batch or rec.batch} = {rec.micro_batch or '?'} x {rec.accum_steps} x "
@@ -190,6 +240,12 @@ def describe(job_id: int, state_dir: str | None) -> None:
         f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
     )
     click.echo(f"  directory {rec.job_dir or '?'}")
+    budget = fmt_duration(rec.time_budget_s) if rec.time_budget_s else "none"
+    cap = rec.max_relaunches if rec.max_relaunches >= 0 else "no cap"
+    click.echo(
+        f"  run time {fmt_duration(rec.run_total_s)} of budget {budget}; relaunches after "
+        f"checkpoints of its own {rec.time_relaunches} (cap {cap})"
+    )
     mode = rec.mode + (" (detected at launch)" if rec.mode_detected else "")
     if rec.mode == "sidecar":
         movable = "resizable" if rec.movable else rec.fixed_reason()
@@ -235,6 +291,31 @@ def describe(job_id: int, state_dir: str | None) -> None:
     )
 
 
+def _slurm_view(job_id: int) -> str:
+    """What Slurm says of the job (squeue, else sacct); "" if it cannot be asked."""
+    from hpcorch.slurm.history import with_history
+
+    try:
+        backend = make_backend()
+        jobs = with_history([j for j in backend.jobs() if j.job_id == job_id], [job_id], backend)
+    except HpcorchError:
+        return ""
+    if not jobs:
+        return ""
+    j = jobs[0]
+    parts = [j.state, f"user {j.user}", f"partition {j.partition or '-'}"]
+    for label, value in (("account", getattr(j, "account", "")), ("qos", getattr(j, "qos", ""))):
+        if value:
+            parts.append(f"{label} {value}")
+    if j.nodes:
+        parts.append(f"nodes {j.nodes}")
+    if j.reservation:
+        parts.append(f"reservation {j.reservation}")
+    if j.state not in ("PENDING", "RUNNING"):
+        parts.append(f"exit code {j.exit_code}")
+    return ", ".join(parts)
+
+
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
 
@@ -275,40 +356,32 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 
 @click.command()
-@click.option("--listen", type=click.IntRange(min=1, max=65535), help="Serve on this port.")
-@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option(
+    "--listen", type=click.IntRange(min=1, max=65535), help="Serve them on this port instead."
+)
+@click.option("--address", default="127.0.0.1", show_default=True, help="Address to serve them on.")
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
-    """Prometheus metrics: print once, or serve them with --listen PORT."""
+    """Prometheus metrics: print once, or serve them with --listen PORT (needs
+    prometheus-client: pip install 'hpcorch[prometheus]')."""
+    from hpcorch.controller import prom
+
     path = controller_dir(state_dir) / STATE_DB
-    if listen is None:
-        store = _open_store(state_dir)
-        click.echo(render_metrics(store), nl=False)
-        return
-    _open_store(state_dir).close()  # fail now, clearly, if there is no state
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path not in ("/metrics", "/"):
-                self.send_error(404)
-                return
-            store = Store(path, readonly=True)
-            try:
-                body = render_metrics(store).encode()
-            finally:
-                store.close()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer((address, listen), Handler)
-    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        server.server_close()
+        if listen is None:
+            click.echo(prom.render_metrics(_open_store(state_dir)), nl=False)
+            return
+        _open_store(state_dir).close()  # fail now, clearly, if there is no state
+        reg = prom.registry(lambda: Store(path, readonly=True))
+        server, thread = prom.client().start_http_server(listen, address, registry=reg)
+    except HpcorchError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except OSError as exc:
+        raise click.ClickException(f"cannot serve on {address}:{listen}: {exc.strerror}") from exc
+    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with suppress(KeyboardInterrupt):
+        stop.wait()
+    server.shutdown()
+    thread.join(5)

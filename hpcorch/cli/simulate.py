@@ -83,8 +83,20 @@ def _workload_path(value: Path, data: Path) -> Path:
     show_default=True,
     help=f"Policies to compare, comma-separated ({', '.join(sorted(POLICIES))}).",
 )
-@click.option("--nodes", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--gpus-per-node", default=4, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--nodes",
+    default=16,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Nodes of the simulated cluster.",
+)
+@click.option(
+    "--gpus-per-node",
+    default=4,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="GPUs on each simulated node.",
+)
 @click.option(
     "--round",
     "round_s",

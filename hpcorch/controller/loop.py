@@ -10,7 +10,8 @@ Slurm reports (hpcorch/controller/reconcile.py).
 from __future__ import annotations
 
 import json
-import sys
+import logging
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
+from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
 
 ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
 
@@ -45,8 +47,22 @@ class LoopConfig:
     settings: Settings = field(default_factory=Settings)
 
 
+logger = logging.getLogger("hpcorch.controller")
+_JOB_RE = re.compile(r"job (\d+)\b")
+
+
+def _extra(msg: str) -> dict[str, Any]:
+    """The Slurm job a line is about, as a field of its own (JSON logs: a label)."""
+    m = _JOB_RE.match(msg)
+    return {"slurm_job_id": int(m.group(1))} if m else {}
+
+
 def _log(msg: str) -> None:
-    print(f"hpcorch-controller: {msg}", file=sys.stderr, flush=True)
+    logger.info("%s", msg, extra=_extra(msg))
+
+
+def _warn(msg: str) -> None:
+    logger.warning("%s", msg, extra=_extra(msg))
 
 
 def _int(tags: Mapping[str, str], key: str, default: int) -> int:
@@ -61,13 +77,16 @@ class Controller:
         store: Store,
         policy: Policy,
         config: LoopConfig | None = None,
-        log: Callable[[str], None] = _log,
+        log: Callable[[str], None] | None = None,
     ) -> None:
         self.cluster = cluster
         self.store = store
         self.policy = policy
         self.config = config or LoopConfig()
-        self.log = log
+        self.log = log or _log
+        """Where the controller's lines go (tests pass their own; default: logging)."""
+        self.warn = log or _warn
+        """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None
         self.last_decision_s = 0.0
@@ -130,6 +149,7 @@ class Controller:
             for n in obs.nodes
         ]
         self.store.set_meta("pool", json.dumps(pool))
+        self.store.set_meta("reservation_end", repr(obs.pool_ends_at) if obs.pool_ends_at else "")
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------
@@ -178,6 +198,8 @@ class Controller:
             predictable=0 if t.get("progress") == "no" else 1,
             stop_grace_s=float(_int(t, "grace", 0)),
             min_cpus=max(1, _int(t, "mincpus", 1)),
+            time_budget_s=float(_int(t, "budget", 0)),
+            max_relaunches=_int(t, "relaunches", DEFAULT_MAX_RELAUNCHES),
         )
         if phase == "starting" and not rec.target_gpus:
             rec.target_gpus = rec.min_gpus
@@ -194,6 +216,7 @@ class Controller:
             for rec in records:
                 if rec.phase in ("running", "stopping"):
                     rec.gpu_seconds += rec.gpus * dt
+                    rec.run_total_s += dt
         self.last_time = now
 
     def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:
@@ -323,6 +346,7 @@ class Controller:
             self.config.round_s,
             self.config.restart_cost_s,
             requests,
+            obs.fair_shares,
         )
         t0 = time.perf_counter()
         try:
@@ -330,7 +354,7 @@ class Controller:
             validate_plan(snapshot, plan)
         except PlanError as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
-            self.log(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
+            self.warn(f"policy {self.policy.name} gave an invalid plan, ignored: {exc}")
             self.last_decision_s = time.perf_counter() - t0
             return self.last_decision_s, []
         decision_s = time.perf_counter() - t0
@@ -396,7 +420,7 @@ class Controller:
             self.store.finish_decision(decision_id)
         except (HpcorchError, OSError) as exc:
             self.store.finish_decision(decision_id, f"error: {exc}")
-            self.log(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
+            self.warn(f"job {rec.slurm_id}: {a.kind} failed: {exc}")
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
@@ -417,7 +441,7 @@ class Controller:
                 self.cycle()
                 backoff = self.config.interval_s
             except HpcorchError as exc:
-                self.log(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
+                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue

@@ -1,105 +1,172 @@
-"""Prometheus text exposition of the controller's state, rendered from the store."""
+"""The controller's Prometheus metrics, rendered from its store by ``prometheus-client``
+(the optional extra ``hpcorch[prometheus]``).
+
+Every scrape reads the store afresh (``StoreCollector``), so ``hpcorch metrics`` runs as
+its own process beside the controller. Counters and histograms are totals since the
+state was created (``Store.cycle_totals``); per-job series are labelled
+``slurm_job_id``, never ``job`` (Prometheus' own target label).
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from hpcorch.controller.store import Store
+from hpcorch.controller.usage import HOLDING, user_usage
+from hpcorch.errors import HpcorchError
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
+    from prometheus_client.registry import CollectorRegistry
+
+INSTALL_HINT = "pip install 'hpcorch[prometheus]'"
 
 
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def client() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise HpcorchError(
+            f"metrics need the prometheus-client package ({exc}): {INSTALL_HINT}"
+        ) from None
+    return prometheus_client
 
 
-def render_metrics(store: Store) -> str:
-    lines: list[str] = []
+def _histogram(core: Any, name: str, help_: str, hist: dict[str, Any]) -> Metric:
+    buckets = [(str(b), float(c)) for b, c in zip(hist["bounds"], hist["counts"], strict=True)]
+    buckets.append(("+Inf", float(hist["count"])))
+    fam = core.HistogramMetricFamily(name, help_, unit="seconds")
+    fam.add_metric([], buckets, float(hist["sum"]))
+    return fam  # type: ignore[no-any-return]
 
-    def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
-        lines.append(f"# HELP {name} {help_}")
-        lines.append(f"# TYPE {name} {kind}")
-        for labels, value in samples:
-            lines.append(f"{name}{labels} {value:g}")
+
+def collect(store: Store) -> Iterator[Metric]:
+    """Every metric family, read from ``store`` now."""
+    client()
+    core = importlib.import_module("prometheus_client.core")
+    gauge, counter = core.GaugeMetricFamily, core.CounterMetricFamily
 
     pool = json.loads(store.get_meta("pool") or "[]")
     busy = sum(n["gpus_used"] for n in pool if n["usable"])
     total = sum(n["gpus"] for n in pool if n["usable"])
     down = sum(n["gpus"] for n in pool if not n["usable"])
-    metric(
-        "hpcorch_pool_gpus",
-        "gauge",
-        "GPUs of the pool by state.",
-        [('{state="busy"}', busy), ('{state="free"}', total - busy), ('{state="down"}', down)],
-    )
-    jobs = store.jobs(active_only=True)
+    g = gauge("hpcorch_pool_gpus", "GPUs of the pool by state.", labels=["state"])
+    for state, value in (("busy", busy), ("free", total - busy), ("down", down)):
+        g.add_metric([state], value)
+    yield g
+
+    every = store.jobs()
+    jobs = [j for j in every if j.active]
     phases: dict[str, int] = {}
     for j in jobs:
         phases[j.phase] = phases.get(j.phase, 0) + 1
-    metric(
-        "hpcorch_jobs",
-        "gauge",
-        "Active jobs by phase.",
-        [(f'{{phase="{p}"}}', float(n)) for p, n in sorted(phases.items())],
-    )
+    g = gauge("hpcorch_jobs", "Active jobs by phase.", labels=["phase"])
+    for phase, n in sorted(phases.items()):
+        g.add_metric([phase], n)
+    yield g
 
-    def job_labels(j: object) -> str:
-        sid, name, user = (getattr(j, k) for k in ("slurm_id", "name", "user"))
-        return f'{{job="{sid}",name="{_esc(name)}",user="{_esc(user)}"}}'
+    labels = ["slurm_job_id", "name", "user"]
+    per_job: list[tuple[str, str, Callable[[Any], float]]] = [
+        ("hpcorch_job_gpus", "GPUs each job holds.", lambda j: j.gpus if j.phase in HOLDING else 0),
+        (
+            "hpcorch_job_global_batch",
+            "Global batch size of each job.",
+            lambda j: j.global_batch or j.target_batch or j.batch,
+        ),
+        (
+            "hpcorch_job_samples_per_second",
+            "Training throughput each job reports.",
+            lambda j: j.samples_per_s,
+        ),
+    ]
+    for name, help_, value in per_job:
+        g = gauge(name, help_, labels=labels)
+        for j in jobs:
+            g.add_metric([str(j.slurm_id), j.name, j.user], float(value(j)))
+        yield g
 
-    metric(
-        "hpcorch_job_gpus",
-        "gauge",
-        "GPUs each job holds.",
-        [(job_labels(j), float(j.gpus if j.phase in ("running", "stopping") else 0)) for j in jobs],
+    usage = user_usage(every)
+    c = counter(
+        "hpcorch_user_gpu_seconds",
+        "GPU time of each user's jobs in the pool (GPU-seconds).",
+        labels=["user"],
     )
-    metric(
-        "hpcorch_job_global_batch",
-        "gauge",
-        "Global batch size of each job.",
-        [(job_labels(j), float(j.global_batch or j.target_batch or j.batch)) for j in jobs],
-    )
-    metric(
-        "hpcorch_job_samples_per_second",
-        "gauge",
-        "Training throughput each job reports.",
-        [(job_labels(j), j.samples_per_s) for j in jobs],
-    )
-    metric(
-        "hpcorch_resizes_total",
-        "counter",
+    for u in usage:
+        c.add_metric([u.user], u.gpu_seconds)
+    yield c
+    g = gauge("hpcorch_user_gpus", "GPUs each user's jobs hold now.", labels=["user"])
+    for u in usage:
+        g.add_metric([u.user], u.gpus)
+    yield g
+
+    yield counter(
+        "hpcorch_resizes",
         "Resizes decided since the state was created.",
-        [("", float(store.count_decisions("signal", "resize")))],
+        value=store.count_decisions("signal", "resize"),
     )
-    metric(
-        "hpcorch_preemptions_total",
-        "counter",
+    yield counter(
+        "hpcorch_preemptions",
         "Preemptions decided since the state was created.",
-        [("", float(store.count_decisions("signal", "preempt")))],
+        value=store.count_decisions("signal", "preempt"),
     )
-    cycles = store.recent_cycles(50)
+    totals = store.cycle_totals()
+    yield counter("hpcorch_cycles", "Controller cycles run.", value=totals["cycles"])
+    yield counter(
+        "hpcorch_slurm_calls", "Slurm commands (or RPCs) made.", value=totals["slurm_calls"]
+    )
+    yield _histogram(
+        core, "hpcorch_cycle_duration", "Controller cycle time.", totals["cycle_seconds"]
+    )
+    yield _histogram(
+        core,
+        "hpcorch_decision_duration",
+        "Policy decision time of each scheduling round.",
+        totals["decision_seconds"],
+    )
+    cycles = store.recent_cycles(1)
     if cycles:
-        last = cycles[0]
-        metric(
-            "hpcorch_decision_seconds",
-            "gauge",
-            "Policy decision time of the last round.",
-            [("", last["decision_s"])],
-        )
-        metric(
-            "hpcorch_cycle_seconds",
-            "gauge",
-            "Duration of the last controller cycle.",
-            [("", last["seconds"])],
-        )
-        metric(
-            "hpcorch_slurm_calls_per_cycle",
-            "gauge",
-            "Slurm commands run by the last cycle.",
-            [("", float(last["slurm_calls"]))],
-        )
-        metric(
+        yield gauge(
             "hpcorch_last_cycle_timestamp_seconds",
-            "gauge",
-            "When the last cycle ran.",
-            [("", last["time"])],
+            "When the last cycle ran (Unix time).",
+            value=cycles[0]["time"],
         )
-    return "\n".join(lines) + "\n"
+    end = store.get_meta("reservation_end")
+    if end:
+        yield gauge(
+            "hpcorch_reservation_end_timestamp_seconds",
+            "When the pool's reservation ends (Unix time; absent when it never ends).",
+            value=float(end),
+        )
+
+
+def registry(open_store: Callable[[], Store]) -> CollectorRegistry:
+    """A registry whose every scrape opens the store with ``open_store`` and reads it."""
+    pc = client()
+
+    class StoreCollector:
+        def collect(self) -> Iterator[Metric]:
+            store = open_store()
+            try:
+                yield from list(collect(store))
+            finally:
+                store.close()
+
+    reg = pc.CollectorRegistry(auto_describe=False)
+    reg.register(StoreCollector())
+    return reg  # type: ignore[no-any-return]
+
+
+def render_metrics(store: Store) -> str:
+    """The exposition text of ``store``'s metrics (Prometheus' text format 0.0.4)."""
+    pc = client()
+    reg = pc.CollectorRegistry(auto_describe=False)
+
+    class Once:
+        def collect(self) -> Iterator[Metric]:
+            yield from collect(store)
+
+    reg.register(Once())
+    return pc.generate_latest(reg).decode()  # type: ignore[no-any-return]

@@ -9,6 +9,8 @@ Phases (the diagram is in docs/controller.md):
       └──────────── (exit 75 with target 0: requeue held = preempted) ────────┘
     running/starting ──exit 0──> done;  ──failure──> starting (retry) or failed
     any ──scancel──> cancelled;  any ──gone from Slurm──> lost
+    running ──time budget spent: signal──> stopping ──(exit)──> timeout
+    running ──checkpointed on its own past --max-relaunches──> timeout
 
 Every action is safe to repeat, and every phase can be re-entered from what Slurm
 reports, so a controller killed between two actions continues where it stopped.
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from hpcorch.cluster import ObservedJob, Shape
 from hpcorch.controller.store import JobRecord
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
+from hpcorch.timefmt import fmt_duration
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,27 @@ def _ended(
     if job.end_time and now - job.end_time < s.relaunch_delay_s:
         return  # relaunch at the next cycle
     rec.exit_code = job.exit_code
+    if rec.budget_spent():
+        _timeout(
+            rec,
+            now,
+            out,
+            f"time budget spent: ran {fmt_duration(rec.run_total_s)} of "
+            f"{fmt_duration(rec.time_budget_s)} over {rec.launches} launch(es)",
+        )
+        return
     if job.exit_code == EXIT_RELAUNCH:
+        if rec.phase != "stopping":
+            rec.time_relaunches += 1
+            if 0 <= rec.max_relaunches < rec.time_relaunches:
+                _timeout(
+                    rec,
+                    now,
+                    out,
+                    f"checkpointed on its own (time limit?) {rec.time_relaunches} times: "
+                    f"--max-relaunches {rec.max_relaunches} reached",
+                )
+                return
         if rec.phase == "stopping":
             if rec.target_gpus == 0:
                 why = "preempted: checkpointed and queued"
@@ -172,6 +195,13 @@ def _ended(
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
         out.events.append(f"failed: {rec.reason}")
+
+
+def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
+    """The job ends for good, its last checkpoint kept: a resubmission continues from it."""
+    _set_phase(rec, "timeout", now, f"{why}; not relaunched (resubmit to continue)")
+    rec.finished_at = now
+    out.events.append(f"timeout: {rec.reason}")
 
 
 def _pending(
@@ -209,7 +239,9 @@ def _pending(
 def _relaunch_from_held(
     rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome
 ) -> None:
-    if rec.target_gpus > 0:
+    if rec.budget_spent():
+        _timeout(rec, now, out, "time budget spent (the checkpoint was forced)")
+    elif rec.target_gpus > 0:
         out.actions.append(
             Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume relaunch")
         )
@@ -236,6 +268,18 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)
+    if rec.phase == "running" and rec.budget_spent():
+        # the budget counts across launches: ask for a checkpoint, never relaunch after it
+        rec.target_gpus = 0
+        why = (
+            f"time budget spent ({fmt_duration(rec.run_total_s)} of "
+            f"{fmt_duration(rec.time_budget_s)}): checkpointing"
+        )
+        out.actions.append(Action("signal", rec.slurm_id, reason=why))
+        out.events.append(f"budget: {why}")
+        rec.signalled_at = now
+        _set_phase(rec, "stopping", now, why)
+        return
     if rec.phase == "stopping":
         waited = now - rec.phase_since
         grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
@@ -261,6 +305,8 @@ def decide(
     """Turn a policy target into actions for a job in a stable phase (queued or running).
     ``cpus``: CPUs per GPU of the target (0: as it is)."""
     out = Outcome()
+    if rec.budget_spent():
+        return out  # it ends at its next checkpoint (observe), never starts again
     cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
     if rec.phase == "queued" and target_gpus > 0:
         rec.target_gpus = target_gpus

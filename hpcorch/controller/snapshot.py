@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -141,6 +142,32 @@ def job_view(
     )
 
 
+MIN_SHARE = 0.05
+"""A user with a FairShare factor of 0 (used far more than their share) still counts this
+much, so that their jobs are ordered last but not starved."""
+
+
+def job_weights(records: Sequence[JobRecord], shares: Mapping[str, float]) -> dict[int, float]:
+    """Each active job's ``JobView.weight``: its user's fair share (``shares``, 1 for a
+    user not listed) split evenly over the user's active jobs, scaled to mean 1. One user
+    with ten jobs then weighs as much as another with one."""
+    active = [r for r in records if r.active]
+    per_user: dict[str, int] = defaultdict(int)
+    for r in active:
+        per_user[r.user] += 1
+    raw = {
+        r.slurm_id: max(MIN_SHARE, min(1.0, shares.get(r.user, 1.0))) / per_user[r.user]
+        for r in active
+    }
+    if not raw:
+        return {}
+    lo, hi = min(raw.values()), max(raw.values())
+    if hi - lo <= 1e-12 * hi:
+        return dict.fromkeys(raw, 1.0)  # everyone counts the same: exactly 1
+    mean = sum(raw.values()) / len(raw)
+    return {k: v / mean for k, v in raw.items()}
+
+
 def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
     return CompletedJob(
         job_id=str(rec.slurm_id),
@@ -163,6 +190,7 @@ def build_snapshot(
     round_s: float,
     restart_cost_s: float,
     requests: Mapping[int, tuple[int, int]] | None = None,
+    fair_shares: Mapping[str, float] | None = None,
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
@@ -173,15 +201,19 @@ def build_snapshot(
     total = sum(node_gpus)
     down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
     req = requests or {}
+    weights = job_weights(records, fair_shares or {})
     views = tuple(
-        job_view(
-            r,
-            samples.get(r.slurm_id, ()),
-            pool_index,
-            total,
-            pins.get(r.slurm_id),
-            req.get(r.slurm_id),
-            down,
+        replace(
+            job_view(
+                r,
+                samples.get(r.slurm_id, ()),
+                pool_index,
+                total,
+                pins.get(r.slurm_id),
+                req.get(r.slurm_id),
+                down,
+            ),
+            weight=weights[r.slurm_id],
         )
         for r in records
         if r.active

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -38,13 +38,20 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "min_cpus INTEGER NOT NULL DEFAULT 1"),
         ("samples", "cpus_per_gpu INTEGER NOT NULL DEFAULT 0"),
         ("samples", "data_wait REAL"),
-    )
+    ),
+    3: (
+        ("jobs", "time_budget_s REAL NOT NULL DEFAULT 0"),
+        ("jobs", "max_relaunches INTEGER NOT NULL DEFAULT -1"),
+        ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
+    ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost")
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout")
+"""timeout: the job checkpointed, but its time budget or its cap on relaunches is spent."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -89,6 +96,43 @@ CREATE TABLE IF NOT EXISTS cycles(
     actions INTEGER NOT NULL
 );
 """
+
+
+TOTALS_KEY = "cycle_totals"
+CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Upper bounds (seconds) of the cycle-duration histogram."""
+DECISION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+"""Upper bounds (seconds) of the policy-decision histogram (rounds only)."""
+
+
+def _observe(hist: dict[str, Any], bounds: tuple[float, ...], value: float) -> None:
+    counts = hist.setdefault("counts", [0] * len(bounds))
+    for i, bound in enumerate(bounds):
+        if value <= bound:
+            counts[i] += 1
+    hist["count"] = hist.get("count", 0) + 1
+    hist["sum"] = hist.get("sum", 0.0) + value
+
+
+def add_to_totals(totals: dict[str, Any], c: CycleStats | None) -> dict[str, Any]:
+    """``totals`` with cycle ``c`` counted in (None: just filled with zeros). Histogram
+    counts are cumulative per bucket, as Prometheus wants them."""
+    totals.setdefault("cycles", 0)
+    totals.setdefault("slurm_calls", 0)
+    for key, bounds in (("cycle_seconds", CYCLE_BUCKETS), ("decision_seconds", DECISION_BUCKETS)):
+        hist = totals.setdefault(key, {})
+        hist["bounds"] = list(bounds)
+        if len(hist.setdefault("counts", [0] * len(bounds))) != len(bounds):
+            hist["counts"] = [0] * len(bounds)  # bounds changed: start the buckets afresh
+        hist.setdefault("count", 0)
+        hist.setdefault("sum", 0.0)
+    if c is not None:
+        totals["cycles"] += 1
+        totals["slurm_calls"] += c.slurm_calls
+        _observe(totals["cycle_seconds"], CYCLE_BUCKETS, c.seconds)
+        if c.decision_s > 0:  # a cycle without a scheduling round decided nothing
+            _observe(totals["decision_seconds"], DECISION_BUCKETS, c.decision_s)
+    return totals
 
 
 class StateError(HpcorchError):
@@ -169,6 +213,17 @@ class JobRecord:
     """CPUs per GPU the policy chose for the next launch (0: as submitted)."""
     min_cpus: int = 1
     """The fewest CPUs per GPU the job asked for."""
+    time_budget_s: float = 0.0
+    """Run time the job may use across all its launches (0: no budget)."""
+    max_relaunches: int = -1
+    """Relaunches allowed after the job checkpointed on its own (time limit; -1: no cap)."""
+    time_relaunches: int = 0
+    """Relaunches so far after the job checkpointed on its own."""
+    run_total_s: float = 0.0
+    """Run time across all launches so far (running or stopping)."""
+
+    def budget_spent(self) -> bool:
+        return 0 < self.time_budget_s <= self.run_total_s
 
     @property
     def movable(self) -> bool:
@@ -398,6 +453,13 @@ class Store:
             (c.time, c.seconds, c.decision_s, c.slurm_calls, c.jobs, c.actions),
         )
         self.db.execute("DELETE FROM cycles WHERE id <= (SELECT MAX(id) FROM cycles) - 10000")
+        totals = add_to_totals(json.loads(self.get_meta(TOTALS_KEY) or "{}"), c)
+        self.set_meta(TOTALS_KEY, json.dumps(totals))
+
+    def cycle_totals(self) -> dict[str, Any]:
+        """Counts and latency histograms over every cycle since the state was created
+        (the cycles table keeps only the last 10000): what the metrics' counters read."""
+        return add_to_totals(json.loads(self.get_meta(TOTALS_KEY) or "{}"), None)
 
     def recent_cycles(self, n: int = 100) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM cycles ORDER BY id DESC LIMIT ?", (n,))

@@ -60,7 +60,10 @@ class AiturboPolicy:
             i: int(np.searchsorted(LEVELS_GPU_H, j.attained_service / 3600.0, side="right"))
             for i, j in enumerate(jobs)
         }
-        order = sorted(range(len(jobs)), key=lambda i: (level[i], -borda[i], jobs[i].submit_time))
+        order = sorted(
+            range(len(jobs)),
+            key=lambda i: (level[i], -jobs[i].weight, -borda[i], jobs[i].submit_time),
+        )
         left = snapshot.total_gpus
         chosen: list[int] = []
         for i in order:

@@ -84,4 +84,5 @@ def keep_plan(job: JobView) -> JobPlan:
 
 
 def arrival_order(jobs: Sequence[JobView]) -> list[JobView]:
-    return sorted(jobs, key=lambda j: j.submit_time)
+    """Heaviest weight first (see ``JobView.weight``), then first come, first served."""
+    return sorted(jobs, key=lambda j: (-j.weight, j.submit_time))

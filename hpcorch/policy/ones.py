@@ -134,6 +134,7 @@ class OnesPolicy:
             rank = np.empty(n)
             rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
             value = value * rank[:, None] ** self.rank_weight
+        value = value * np.array([j.weight for j in jobs])[:, None]  # users' fair shares
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)

@@ -29,7 +29,7 @@ def shares(jobs: list[JobView], total: int) -> dict[str, int]:
         growable = [i for i in alloc if alloc[i] < by_id[i].max_gpus]
         if not growable:
             break
-        pick = min(growable, key=lambda i: (alloc[i], order[i]))
+        pick = min(growable, key=lambda i: (alloc[i] / by_id[i].weight, order[i]))
         alloc[pick] += 1
         free -= 1
     return alloc

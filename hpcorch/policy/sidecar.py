@@ -41,7 +41,8 @@ class SidecarPolicy:
         )
         g = np.zeros(n, dtype=np.int64)
         left = total
-        for i in sorted(range(n), key=lambda i: jobs[i].submit_time):
+        weight = np.array([j.weight for j in jobs])
+        for i in sorted(range(n), key=lambda i: (-jobs[i].weight, jobs[i].submit_time)):
             if est.gmin[i] <= left:
                 g[i] = est.gmin[i]
                 left -= int(g[i])
@@ -51,7 +52,7 @@ class SidecarPolicy:
             gain = (speed[np.arange(n), nxt] - speed[np.arange(n), g]) / np.maximum(
                 speed[np.arange(n), 1], 1e-30
             )
-            gain = np.where((g > 0) & (g < cap), gain, -np.inf)
+            gain = np.where((g > 0) & (g < cap), gain * weight, -np.inf)
             i = int(np.argmax(gain))
             if not np.isfinite(gain[i]) or gain[i] <= 0:
                 break

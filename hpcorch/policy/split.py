@@ -84,7 +84,7 @@ def _least_attained(
     share = math.ceil(sum(free) * len(jobs) / max(1, others))
     admitted: list[JobView] = []
     used = 0
-    for job in sorted(jobs, key=lambda j: (level(j), j.submit_time, j.job_id)):
+    for job in sorted(jobs, key=lambda j: (level(j), -j.weight, j.submit_time, j.job_id)):
         want = _want(job)
         if used and used + want > share:
             continue

@@ -39,7 +39,8 @@ class TiresiasPolicy:
                 q1.append(j.job_id)
         left = snapshot.total_gpus
         run: list[str] = []
-        for key in (*q0, *q1):
+        heavy = {k: -jobs[k].weight for k in jobs}  # within a queue: weight, then arrival
+        for key in (*sorted(q0, key=heavy.__getitem__), *sorted(q1, key=heavy.__getitem__)):
             count = min(jobs[key].requested_gpus, snapshot.total_gpus)
             if count <= left:
                 run.append(key)

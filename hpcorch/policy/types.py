@@ -94,6 +94,10 @@ class JobView:
     """False for a job that cannot be stopped and resumed: once running, it keeps its GPUs."""
     model_bytes: int = 0
     """Bytes of gradients the job all-reduces per step, as it reports them (0: unknown)."""
+    weight: float = 1.0
+    """The job's claim relative to the others (mean 1): its user's fair share split over
+    the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every
+    policy orders (or scores) by it; all 1 when every user counts the same."""
 
     @property
     def running(self) -> bool:

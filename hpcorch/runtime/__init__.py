@@ -19,7 +19,6 @@ rank 0 writes the checkpoint atomically and the processes exit with code 75 (rel
 from __future__ import annotations
 
 import os
-import sys
 import time
 from typing import Any
 
@@ -34,6 +33,7 @@ import torch  # noqa: E402, F401  (timed: the share of start-up spent importing 
 
 _TORCH_IMPORT = time.perf_counter() - _t0  # 0 when the script imported torch first
 
+from hpcorch import logsetup  # noqa: E402
 from hpcorch.planner import BatchPlan, LaunchPlan, lr_scale, plan_batch  # noqa: E402
 from hpcorch.protocol import EXIT_CONFIG, EXIT_DONE, EXIT_RELAUNCH  # noqa: E402
 from hpcorch.runtime.checkpoint import CheckpointError  # noqa: E402
@@ -95,7 +95,7 @@ def init(
     try:
         info = init_process_group(backend=backend, launcher=launcher)
     except LaunchError as e:
-        print(f"hpcorch: error: {e}", file=sys.stderr, flush=True)
+        logsetup.ensure("hpcorch").error("%s", e)
         raise SystemExit(EXIT_CONFIG) from None
     try:
         settings = resolve(
@@ -113,7 +113,7 @@ def init(
         )
     except ConfigError as e:
         if info.rank == 0:
-            print(f"hpcorch: error: {e}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").error("%s", e)
         raise SystemExit(EXIT_CONFIG) from None
     timings: dict[str, Any] = {
         "since_start_at_import": round(_AT_IMPORT, 3),

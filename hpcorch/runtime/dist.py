@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
+from hpcorch import hostlist
 from hpcorch.protocol import ENV_LAUNCHER
 
 LAUNCHERS = ("auto", "env", "slurm", "mpi")
@@ -71,12 +72,10 @@ def _int(env: Mapping[str, str], name: str) -> int:
 
 def _tasks_on_node(spec: str, node_id: int) -> int:
     """Tasks on node ``node_id`` from Slurm's compressed list, e.g. ``2(x3),1``."""
-    counts: list[int] = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if not m:
-            raise LaunchError(f"cannot parse Slurm tasks-per-node list {spec!r}")
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    try:
+        counts = hostlist.tasks_per_node(spec)
+    except hostlist.HostlistError as e:
+        raise LaunchError(str(e)) from None
     if not 0 <= node_id < len(counts):
         raise LaunchError(f"node index {node_id} outside tasks-per-node list {spec!r}")
     return counts[node_id]
@@ -128,6 +127,10 @@ def detect_launch(env: Mapping[str, str], launcher: str | None = None) -> Launch
         world = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("SLURM_STEP_NUM_TASKS", "0")) or 0)
         local = int(env.get("SLURM_LOCALID", env.get("OMPI_COMM_WORLD_LOCAL_RANK", "-1")))
         local_world = int(env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "0") or 0)
+        spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+        if "SLURM_LOCALID" in env and spec and "SLURM_NODEID" in env:
+            # srun knows the (virtual) node better than MPI's shared-memory view does
+            local_world = _tasks_on_node(spec, _int(env, "SLURM_NODEID"))
     if kind != "mpi" and not 0 <= rank < world:
         raise LaunchError(f"rank {rank} outside world size {world}")
     return LaunchInfo(kind, rank, world, local, local_world, addr, port)
@@ -136,10 +139,7 @@ def detect_launch(env: Mapping[str, str], launcher: str | None = None) -> Launch
 def _first_node_addr(nodelist: str) -> str:
     """Address of the first node of a Slurm node list (NodeAddr, else resolved name)."""
     try:
-        names = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
-        ).stdout.split()
-        first = names[0]
+        first = hostlist.first(nodelist)
         out = subprocess.run(
             ["scontrol", "show", "node", first], capture_output=True, text=True, check=True
         ).stdout
@@ -147,7 +147,7 @@ def _first_node_addr(nodelist: str) -> str:
         if m:
             return m.group(1)
         return socket.gethostbyname(first)
-    except (OSError, subprocess.CalledProcessError, IndexError) as e:
+    except (OSError, subprocess.CalledProcessError, hostlist.HostlistError) as e:
         raise LaunchError(f"cannot find the address of the first node of {nodelist!r}: {e}") from e
 
 
@@ -178,8 +178,7 @@ def _mpi_rendezvous(info: LaunchInfo) -> LaunchInfo:
     local_comm.Free()
     if info.local_rank >= 0:  # srun knows the (virtual) node better than shared memory does
         local = info.local_rank
-        local_world = int(os.environ.get("SLURM_STEP_TASKS_PER_NODE", "0").split("(")[0] or 0)
-        local_world = local_world or info.local_world_size or local + 1
+        local_world = info.local_world_size or local + 1
     addr_port = None
     if rank == 0:
         addr = info.master_addr or _own_addr()

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from hpcorch import logsetup
 from hpcorch.planner import BatchPlan, lr_scale, warmup_factor
 from hpcorch.protocol import (
     CHECKPOINT_DIR,
@@ -138,12 +139,12 @@ class ElasticJob:
     def log(self, msg: str) -> None:
         """One line on stderr from rank 0."""
         if self.is_main:
-            print(f"hpcorch: {msg}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").info("%s", msg)
 
     def fail(self, msg: str, code: int = EXIT_CONFIG) -> NoReturn:
         """One clear error line (rank 0) and exit; nothing is written."""
         if self.is_main:
-            print(f"hpcorch: error: {msg}", file=sys.stderr, flush=True)
+            logsetup.ensure("hpcorch").error("%s", msg)
         raise SystemExit(code)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -397,7 +398,7 @@ class ElasticJob:
                 size = ckpt.save_atomic(self._payload(rngs), path)
                 ckpt.prune(self.checkpoint_dir, self.keep_checkpoints, path)
             except OSError as e:
-                print(f"hpcorch: error: cannot write checkpoint {path}: {e}", file=sys.stderr)
+                logsetup.ensure("hpcorch").error("cannot write checkpoint %s: %s", path, e)
                 ok = 0.0
         status = torch.tensor([ok], dtype=torch.float64, device=self.device)
         dist.broadcast(status, src=0)  # only rank 0 writes: its outcome is every rank's

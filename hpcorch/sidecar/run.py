@@ -12,6 +12,7 @@ script resumes from its own checkpoint with its resume arguments.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -26,6 +27,8 @@ from queue import Empty, SimpleQueue
 from types import FrameType
 from typing import IO, Any
 
+from hpcorch import logsetup
+from hpcorch.budget import record_relaunch
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
     ENV_ACCUM_STEPS,
@@ -59,14 +62,19 @@ KILL_WAIT_S = 15.0
 POLL_S = 0.2
 
 
-def log(msg: str) -> None:
-    job = os.environ.get("SLURM_JOB_ID", "?")
-    print(f"hpcorch-sidecar[{job}]: {msg}", file=sys.stderr, flush=True)
+_logger = logging.getLogger("hpcorch.sidecar")
+
+
+def log(msg: str, level: int = logging.INFO) -> None:
+    """One line in the job's output (hpcorch.logsetup: time, and the level if not info)."""
+    logsetup.ensure(f"hpcorch-sidecar[{os.environ.get('SLURM_JOB_ID', '?')}]")
+    _logger.log(level, "%s", msg)
 
 
 class Sidecar:
     def __init__(self, cfg: SidecarConfig, launcher: Sequence[str], cmd: Sequence[str]) -> None:
         self.cfg = cfg
+        self.started = time.time()
         self.launcher = list(launcher)
         self.cmd = list(cmd)
         self.launch = int(os.environ.get(ENV_LAUNCH) or 0)
@@ -102,7 +110,7 @@ class Sidecar:
                 plan = read_plan(plan_path)
                 global_batch, max_micro = plan.global_batch, plan.max_micro_batch
             except PlanFileError as exc:
-                log(f"ignoring the plan: {exc}")
+                log(f"ignoring the plan: {exc}", logging.WARNING)
         if not global_batch:
             return 0, 0
         try:
@@ -371,7 +379,10 @@ class Sidecar:
 
     def _kill(self, proc: subprocess.Popen[bytes]) -> None:
         self.killed = True
-        log(f"the script did not exit within {self.cfg.grace_s:.0f} s of the stop: killing it")
+        log(
+            f"the script did not exit within {self.cfg.grace_s:.0f} s of the stop: killing it",
+            logging.WARNING,
+        )
         if not self.job_id:
             proc.kill()
             proc.wait()
@@ -411,7 +422,7 @@ class Sidecar:
         if rc == EXIT_DONE:
             log("training finished")
         else:
-            log(f"training failed with exit code {rc}")
+            log(f"training failed with exit code {rc}", logging.ERROR)
         return rc
 
     def _report_stop(self) -> None:
@@ -445,11 +456,13 @@ class Sidecar:
     def _relaunch(self) -> int:
         if self.cfg.controlled or not self.job_id:
             log("stopped: the controller relaunches it" if self.job_id else "stopped")
+        elif (why := record_relaunch(self.cfg.job_dir, time.time() - self.started)) is not None:
+            log(f"stopped; {why}")
         else:
             log(f"stopped: requeueing job {self.job_id} to resume")
             done = subprocess.run(["scontrol", "requeue", self.job_id], check=False)
             if done.returncode != 0:
-                log("requeue failed: resubmit to resume")
+                log("requeue failed: resubmit to resume", logging.ERROR)
         return EXIT_RELAUNCH
 
 
@@ -469,9 +482,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("no command")
         cfg = config_from_env(os.environ, Path.cwd())
     except SidecarError as exc:
-        log(str(exc))
+        log(str(exc), logging.ERROR)
         return EXIT_CONFIG
     except (IndexError, ValueError):
-        log("usage: python -m hpcorch.sidecar N LAUNCHER-ARGS[N] COMMAND [ARGS...]")
+        log("usage: python -m hpcorch.sidecar N LAUNCHER-ARGS[N] COMMAND [ARGS...]", logging.ERROR)
         return 2
     return Sidecar(cfg, launcher, cmd).run()

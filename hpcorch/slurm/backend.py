@@ -11,16 +11,30 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
+from hpcorch.slurm.options import without_sbatch_env
+from hpcorch.slurm.parse import (
+    SACCT_FIELDS,
+    SlurmJob,
+    SlurmNode,
+    SlurmReservation,
+    parse_nodes,
+    parse_reservation,
+    parse_sacct,
+    parse_squeue,
+    parse_sshare,
+)
 
-_NODES_RE = re.compile(r"\bNodes=(\S+)")
+RESERVATION_DURATION = "3650-00:00:00"
+"""How long a new reservation lasts: ten years, renewed by the controller long before it
+ends. Slurm 22.05 turns Duration=infinite into 365 days, and refuses 100 years."""
 
 
 class SlurmBackend(Protocol):
@@ -40,6 +54,19 @@ class SlurmBackend(Protocol):
     def reservation_nodes(self, name: str) -> list[str]:
         """The nodes of reservation ``name`` ([] if it has none); an error naming
         "not found" if there is no such reservation."""
+        ...
+
+    def reservation(self, name: str) -> SlurmReservation:
+        """Reservation ``name``; an error naming "not found" if there is none."""
+        ...
+
+    def fair_shares(self) -> dict[str, float]:
+        """User -> Slurm's FairShare factor (0..1); empty without accounting."""
+        ...
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        """Jobs from Slurm's accounting (sacct), for ids squeue no longer lists; [] when
+        accounting is not enabled."""
         ...
 
     # actions
@@ -69,7 +96,12 @@ class SlurmBackend(Protocol):
     def create_reservation(
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
-        """An open-ended reservation of ``nodes`` for ``users`` that ignores running jobs."""
+        """A reservation of ``nodes`` for ``users`` that ignores running jobs and lasts
+        ``RESERVATION_DURATION`` (the controller extends it before it ends)."""
+        ...
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        """Move the end of reservation ``name`` to ``end_time`` (Unix time)."""
         ...
 
 
@@ -84,8 +116,11 @@ class SlurmCLI:
         self._nodes_argv = ["sinfo", "--json"]
 
     # --- plumbing -----------------------------------------------------------------------
-    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
-        """Run one Slurm command; its stdout, or a SlurmCommandError/SlurmUnavailable."""
+    def run(
+        self, argv: Sequence[str], stdin: str | None = None, env: Mapping[str, str] | None = None
+    ) -> str:
+        """Run one Slurm command; its stdout, or a SlurmCommandError/SlurmUnavailable.
+        ``env``: the command's environment instead of the backend's."""
         exe = shutil.which(argv[0], path=self.env.get("PATH"))
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
@@ -97,7 +132,7 @@ class SlurmCLI:
                 capture_output=True,
                 text=True,
                 timeout=self.timeout,
-                env=self.env,
+                env=dict(self.env if env is None else env),
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
@@ -156,12 +191,32 @@ class SlurmCLI:
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
 
-    def reservation_nodes(self, name: str) -> list[str]:
-        out = self.scontrol("show", "reservation", name)
-        m = _NODES_RE.search(out)
-        if not m or m.group(1) == "(null)":
+    def reservation(self, name: str) -> SlurmReservation:
+        out = self.scontrol("-o", "show", "reservation", name)
+        for line in out.splitlines():
+            found = parse_reservation(line)
+            if found is not None and found.name == name:
+                return found
+        raise SlurmCommandError(f"scontrol failed: reservation {name} not found")
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        if not job_ids:
             return []
-        return self.scontrol("show", "hostnames", m.group(1)).split()
+        ids = ",".join(str(int(i)) for i in sorted(set(job_ids)))
+        try:
+            out = self.run(["sacct", "-X", "-P", "-n", "-j", ids, "-o", SACCT_FIELDS])
+        except SlurmCommandError as exc:
+            if "accounting" in str(exc).lower() and "disabled" in str(exc).lower():
+                return []  # no slurmdbd: squeue is all there is
+            raise
+        return parse_sacct(out)
+
+    def fair_shares(self) -> dict[str, float]:
+        return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))
+
+    def reservation_nodes(self, name: str) -> list[str]:
+        nodes = self.reservation(name).nodes
+        return expand_nodelist(nodes) if nodes else []
 
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
@@ -171,8 +226,13 @@ class SlurmCLI:
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
-        """sbatch a script given as text; extra sbatch options in ``args``. Returns job id."""
-        out = self.run(["sbatch", "--parsable", *args], stdin=script)
+        """sbatch a script given as text; extra sbatch options in ``args``. Returns job id.
+
+        sbatch runs without the ``SBATCH_*`` variables of this environment: they would
+        override the script's ``#SBATCH`` lines, which carry every option of the job
+        (hpcorch/slurm/options.py takes the useful ones as defaults instead)."""
+        env = without_sbatch_env(self.env)
+        out = self.run(["sbatch", "--parsable", *args], stdin=script, env=env)
         first = out.strip().split(";")[0]
         if not first.isdigit():
             raise SlurmCommandError(f"sbatch printed no job id: {out.strip()!r}")
@@ -229,12 +289,16 @@ class SlurmCLI:
             f"Nodes={nodes}",
             f"Users={users}",
             "StartTime=now",
-            "Duration=infinite",
+            f"Duration={RESERVATION_DURATION}",
             "Flags=IGNORE_JOBS",
         ]
         if partition:
             args.append(f"PartitionName={partition}")
         self.scontrol(*args)
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        end = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end_time))
+        self.scontrol("update", f"ReservationName={name}", f"EndTime={end}")
 
     def scontrol(self, *args: str) -> str:
         """Any scontrol command (arguments as a list, never through a shell)."""
@@ -242,19 +306,9 @@ class SlurmCLI:
 
 
 def expand_nodelist(nodelist: str) -> list[str]:
-    """n[1-3],gpu-[01-02] -> n1 n2 n3 gpu-01 gpu-02 (the forms Slurm prints)."""
-    out: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodelist):
-        m = re.fullmatch(r"(.*)\[(.*)\]", part)
-        if not m:
-            out.append(part)
-            continue
-        prefix, ranges = m.groups()
-        for r in ranges.split(","):
-            lo, _, hi = r.partition("-")
-            for i in range(int(lo), int(hi or lo) + 1):
-                out.append(f"{prefix}{i:0{len(lo)}d}")
-    return out
+    """``gpu-a[001-002],rack[1-2]-n01`` -> every node name (``hpcorch.hostlist.expand``);
+    raises ``HostlistError`` (a ValueError) for a list Slurm would not print."""
+    return hostlist.expand(nodelist)
 
 
 def _first_error_line(stderr: str) -> str:

@@ -2,14 +2,15 @@
 ``SlurmBackend`` (Slurm's commands by default, or pyslurm).
 
 With the command-line backend a cycle's observation costs two Slurm calls
-(``squeue --json``, ``sinfo --json``), plus ``scontrol show reservation`` and
-``scontrol show hostnames`` every ``reservation_ttl`` seconds. Jobs are filtered
+(``squeue --json``, ``sinfo --json``), plus one ``scontrol show reservation``
+every ``reservation_ttl`` seconds (extended when it nears its end). Jobs are filtered
 client-side: Slurm 22.05's ``--json`` ignores filters.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,13 +20,24 @@ from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan, write_plan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE, PLAN_FILE
-from hpcorch.slurm.backend import SlurmBackend, expand_nodelist
+from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.script import parse_comment
 
+logger = logging.getLogger("hpcorch.controller")
+
+DAY = 86400.0
+RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
+RENEW_BEFORE_S = 30 * DAY
+"""A reservation that ends sooner than this is extended to ``RESERVATION_S`` from now."""
+WARN_EVERY_S = 3600.0
+
 
 class SlurmCluster:
-    """The pool held as a Slurm reservation."""
+    """The pool held as a Slurm reservation. The reservation is read every
+    ``reservation_ttl`` seconds; one that ends within ``RENEW_BEFORE_S`` is extended, and
+    one that cannot be extended (the controller may not update it) is a warning in the log
+    every hour, with the time left."""
 
     def __init__(
         self,
@@ -40,6 +52,11 @@ class SlurmCluster:
         self.reservation_ttl = reservation_ttl
         self._pool_nodes: tuple[str, ...] = ()
         self._pool_read_at = -1e18
+        self.pool_ends_at = 0.0
+        """When the reservation ends (Unix time; 0: never or unknown)."""
+        self._warned_at = -1e18
+        self.fair_shares: dict[str, float] = {}
+        """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
 
     @property
     def calls(self) -> int:
@@ -51,12 +68,58 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            names = self.backend.reservation_nodes(self.reservation)
+            res = self.backend.reservation(self.reservation)
+            try:
+                names = expand_nodelist(res.nodes) if res.nodes else []
+            except ValueError as exc:
+                raise HpcorchError(f"reservation '{self.reservation}': {exc}") from exc
             if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
             self._pool_nodes = tuple(names)
             self._pool_read_at = time.monotonic()
+            self.pool_ends_at = res.end_time
+            self._keep_open(time.time())
+            try:
+                self.fair_shares = self.backend.fair_shares()
+            except HpcorchError as exc:  # sshare missing or refused: every user counts the same
+                if self.fair_shares:
+                    logger.warning("cannot read Slurm's fair shares (%s): equal shares", exc)
+                self.fair_shares = {}
         return self._pool_nodes
+
+    def _keep_open(self, now: float) -> None:
+        """Extend the reservation when it ends within RENEW_BEFORE_S; warn if it cannot."""
+        end = self.pool_ends_at
+        if not end or end - now > RENEW_BEFORE_S:
+            return
+        try:
+            self.backend.extend_reservation(self.reservation, now + RESERVATION_S)
+            renewed = self.backend.reservation(self.reservation).end_time
+        except HpcorchError as exc:
+            renewed, why = 0.0, str(exc)
+        else:
+            why = f"Slurm still reports it ending {_date(renewed)}"
+        if renewed - now > RENEW_BEFORE_S:
+            self.pool_ends_at = renewed
+            logger.info(
+                "reservation '%s' would have ended %s: extended to %s",
+                self.reservation,
+                _date(end),
+                _date(renewed),
+            )
+            return
+        if now - self._warned_at >= WARN_EVERY_S:
+            self._warned_at = now
+            logger.warning(
+                "reservation '%s' ends %s (in %.1f days) and could not be extended (%s): "
+                "no job can start in the pool after that; extend it with scontrol update "
+                "ReservationName=%s EndTime=...",
+                self.reservation,
+                _date(end),
+                max(0.0, end - now) / DAY,
+                why,
+                self.reservation,
+            )
 
     def ensure_reservation(self, nodes: str, users: str, partition: str | None) -> str:
         """Adopt the reservation if it exists, else create it. Returns what was done."""
@@ -90,7 +153,10 @@ class SlurmCluster:
             tags = parse_comment(j.comment)
             if tags is None or j.reservation != self.reservation:
                 continue
-            names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            try:
+                names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
+            except ValueError:  # a node list Slurm should never print: not this job's fault
+                names = ()
             observed.append(
                 ObservedJob(
                     slurm_id=j.job_id,
@@ -109,7 +175,13 @@ class SlurmCluster:
                     end_time=float(j.end_time),
                 )
             )
-        return Observation(time=time.time(), nodes=nodes, jobs=tuple(observed))
+        return Observation(
+            time=time.time(),
+            nodes=nodes,
+            jobs=tuple(observed),
+            pool_ends_at=self.pool_ends_at,
+            fair_shares=dict(self.fair_shares),
+        )
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -163,3 +235,7 @@ class SlurmCluster:
             if isinstance(doc, dict):
                 lines.append(doc)
         return lines, offset + end
+
+
+def _date(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(t))

@@ -11,6 +11,7 @@ all of them; ``tests/fixtures/`` holds one document per version.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,8 @@ class SlurmJob:
     work_dir: str
     reservation: str
     held: bool
+    account: str = ""
+    qos: str = ""
 
     @property
     def gpus(self) -> int:
@@ -141,6 +144,16 @@ def _base_states(raw_states: tuple[str, ...]) -> tuple[str, ...]:
     return (base, *rest)
 
 
+INFINITE32 = 0xFFFFFFFE
+"""Slurm's INFINITE in a 32-bit field (what 22.05's JSON prints for no time limit)."""
+
+
+def _time_limit(value: Any) -> int:
+    """Minutes of a job's time limit; 0 for none (UNLIMITED, or not set)."""
+    minutes = _num(value, 0)
+    return 0 if minutes >= INFINITE32 or minutes < 0 else minutes
+
+
 def _job(raw: Mapping[str, Any]) -> SlurmJob:
     states = _base_states(_states(raw.get("job_state")))
     tres = raw.get("tres_per_node") or ""
@@ -168,12 +181,14 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         submit_time=_num(raw.get("submit_time")),
         start_time=_num(raw.get("start_time")),
         end_time=_num(raw.get("end_time")),
-        time_limit_min=_num(raw.get("time_limit")),
+        time_limit_min=_time_limit(raw.get("time_limit")),
         restarts=_num(raw.get("restart_cnt")),
         exit_code=_exit_code(raw.get("exit_code")),
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
+        account=str(raw.get("account") or ""),
+        qos=str(raw.get("qos") or ""),
     )
 
 
@@ -202,3 +217,106 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
 def parse_nodes(doc: Mapping[str, Any]) -> list[SlurmNode]:
     """Nodes from ``sinfo --json`` (22.05) or ``scontrol show nodes --json`` (23.02+)."""
     return [_node(n) for n in doc.get("nodes") or [] if isinstance(n, Mapping)]
+
+
+@dataclass(frozen=True)
+class SlurmReservation:
+    """One reservation as ``scontrol -o show reservation`` prints it."""
+
+    name: str
+    nodes: str
+    """Slurm's hostlist (empty if the reservation has no nodes)."""
+    end_time: float
+    """Unix time it ends (0: unknown)."""
+    flags: tuple[str, ...]
+    users: str
+
+
+def parse_sshare(text: str) -> dict[str, float]:
+    """User -> FairShare factor from ``sshare -a -n -P -o User,FairShare`` (the largest
+    of a user's associations; account lines, with no user, are skipped). Empty when
+    every factor is 0: Slurm's priority/basic computes none."""
+    shares: dict[str, float] = {}
+    for line in text.splitlines():
+        user, _, value = line.strip().partition("|")
+        try:
+            factor = float(value)
+        except ValueError:
+            continue
+        if user and 0.0 <= factor <= 1.0:
+            shares[user] = max(shares.get(user, 0.0), factor)
+    if not any(shares.values()):
+        return {}  # priority/basic computes no fair share: every factor reads 0
+    return shares
+
+
+def slurm_time(text: str) -> float:
+    """Unix time of Slurm's local ``YYYY-MM-DDTHH:MM:SS`` (0 for Unknown, None, ...)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return 0.0
+
+
+def parse_reservation(line: str) -> SlurmReservation | None:
+    """A reservation from one line of ``scontrol -o show reservation`` (None if the line
+    names none)."""
+    fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+    name = fields.get("ReservationName")
+    if not name:
+        return None
+    nodes = fields.get("Nodes", "")
+    flags = fields.get("Flags", "")
+    return SlurmReservation(
+        name=name,
+        nodes="" if nodes == "(null)" else nodes,
+        end_time=slurm_time(fields.get("EndTime", "")),
+        flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
+        users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
+    )
+
+
+SACCT_FIELDS = (
+    "JobID,JobName,User,State,Partition,Reservation,NodeList,NNodes,AllocTRES,Submit,Start,End,"
+    "TimelimitRaw,ExitCode,WorkDir,Comment"
+)
+"""``sacct -o`` fields ``parse_sacct`` reads (the comment last: it may hold anything)."""
+
+
+def parse_sacct(text: str) -> list[SlurmJob]:
+    """Jobs from ``sacct -X -P -n -o SACCT_FIELDS`` (jobs squeue no longer lists)."""
+    jobs: list[SlurmJob] = []
+    width = SACCT_FIELDS.count(",")
+    for line in text.splitlines():
+        cols = line.split("|", width)
+        if len(cols) != width + 1 or not cols[0].isdigit():
+            continue  # array or het job ids (123_4, 123+0) are not hpcorch's
+        (jid, name, user, state, part, resv, nodes, nnodes, tres, sub, start, end) = cols[:12]
+        limit, exit_code, work_dir, comment = cols[12:]
+        code, _, sig = exit_code.partition(":")
+        count = _num(nnodes, 0)
+        gpus = sum(int(m) for m in re.findall(r"gres/gpu(?::[^=,]+)?=(\d+)", tres))
+        jobs.append(
+            SlurmJob(
+                job_id=int(jid),
+                name=name,
+                user=user,
+                state=(state.split() or ["UNKNOWN"])[0],
+                reason="None",
+                partition=part,
+                nodes="" if nodes in ("None assigned", "(null)") else nodes,
+                node_count=count,
+                gpus_per_node=gpus // count if count else 0,
+                comment=comment,
+                submit_time=int(slurm_time(sub)),
+                start_time=int(slurm_time(start)),
+                end_time=int(slurm_time(end)),
+                time_limit_min=_num(limit, 0),
+                restarts=0,
+                exit_code=128 + _num(sig, 0) if _num(sig, 0) else _num(code, 0),
+                work_dir=work_dir,
+                reservation="" if resv in ("(null)",) else resv,
+                held=False,
+            )
+        )
+    return jobs

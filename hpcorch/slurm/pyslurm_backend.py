@@ -9,6 +9,11 @@ not express them: a job's node count cannot be changed through ``Job.modify`` (p
 applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update``; and
 reservations are created with ``scontrol create reservation`` (once, at controller start).
 
+Submission maps each ``#SBATCH`` line of hpcorch's batch script (the user's options
+included, hpcorch/slurm/options.py) to a ``JobSubmitDescription`` attribute; an option
+with no mapping is one error naming it, never dropped. Unlike sbatch, pyslurm reads no
+``SBATCH_*`` variable: hpcorch takes the ones it uses as defaults before rendering.
+
 The ``*_from_pyslurm`` and ``submit_options`` functions are pure mappings from pyslurm
 objects (read through their documented attributes) to hpcorch's types.
 """
@@ -24,7 +29,7 @@ from typing import Any, TypeVar
 
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpus_in
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation, gpus_in
 
 T = TypeVar("T")
 
@@ -57,13 +62,41 @@ _SUBMIT_OPTIONS: dict[str, str] = {
     "exclude": "excluded_nodes",
     "constraint": "constraints",
     "mem": "memory_per_node",
+    "mem-per-cpu": "memory_per_cpu",
+    "mem-per-gpu": "memory_per_gpu",
+    "mail-type": "mail_types",
+    "mail-user": "mail_user",
+    "dependency": "dependencies",
+    "licenses": "licenses",
+    "begin": "begin_time",
+    "deadline": "deadline",
+    "nice": "nice",
+    "wckey": "wckey",
+    "exclusive": "resource_sharing",
 }
 _SUBMIT_FLAGS: dict[str, tuple[str, Any]] = {
     "hold": ("priority", 0),
     "requeue": ("is_requeueable", True),
     "no-requeue": ("is_requeueable", False),
+    "exclusive": ("resource_sharing", "exclusive"),
 }
-_LIST_ATTRS = {"partitions", "reservations", "required_nodes", "excluded_nodes"}
+_LIST_ATTRS = {
+    "partitions",
+    "reservations",
+    "required_nodes",
+    "excluded_nodes",
+    "licenses",
+    "mail_types",
+}
+
+
+def _names(value: Any) -> list[str]:
+    """A list attribute that pyslurm may give as a list or as a comma-separated string."""
+    if not value:
+        return []
+    if isinstance(value, str):
+        return [v for v in value.split(",") if v]
+    return [str(v) for v in value]
 
 
 def gpus_in_gres(value: Any) -> int:
@@ -94,6 +127,12 @@ def _int(value: Any) -> int:
         return int(value) if value is not None else 0
     except (TypeError, ValueError):
         return 0
+
+
+def _time_limit(value: Any) -> int:
+    """Minutes; 0 for UNLIMITED (pyslurm gives None or "UNLIMITED")."""
+    minutes = _int(value)
+    return 0 if minutes >= 0xFFFFFFFE or minutes < 0 else minutes
 
 
 def _str(value: Any) -> str:
@@ -133,12 +172,14 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         submit_time=_int(job.submit_time),
         start_time=_int(job.start_time),
         end_time=_int(job.end_time),
-        time_limit_min=_int(job.time_limit),
+        time_limit_min=_time_limit(job.time_limit),
         restarts=_int(job.requeue_count),
         exit_code=128 + signal if signal else _int(job.exit_code),
         work_dir=_str(job.working_directory),
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+        account=_str(getattr(job, "account", "")),
+        qos=_str(getattr(job, "qos", "")),
     )
 
 
@@ -192,7 +233,7 @@ def submit_options(script: str, args: Sequence[str] = ()) -> dict[str, Any]:
             continue
         attr = _SUBMIT_OPTIONS.get(name, "")
         if not attr or not has_value:
-            known = sorted([*_SUBMIT_OPTIONS, *_SUBMIT_FLAGS])
+            known = sorted({*_SUBMIT_OPTIONS, *_SUBMIT_FLAGS})
             raise SlurmCommandError(
                 f"pyslurm backend cannot submit sbatch option '--{name}' "
                 f"(supported: {', '.join(known)}; or set HPCORCH_SLURM_BACKEND=cli)"
@@ -271,6 +312,19 @@ class PySlurmBackend:
             raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
         return found[name]
 
+    def reservation(self, name: str) -> SlurmReservation:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        for r in self._values(coll):
+            if _str(r.name) == name:
+                return SlurmReservation(
+                    name=name,
+                    nodes=_str(r.nodes) if r.nodes else "",
+                    end_time=float(getattr(r, "end_time", 0) or 0),
+                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                    users=",".join(_names(getattr(r, "users", None))),
+                )
+        raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
         desc = self.pyslurm.JobSubmitDescription(**submit_options(script, args))
@@ -323,3 +377,12 @@ class PySlurmBackend:
         self, name: str, nodes: str, users: str, partition: str | None = None
     ) -> None:
         self.cli.create_reservation(name, nodes, users, partition)
+
+    def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
+        return self.cli.accounting_jobs(job_ids)  # sacct's records, as with the CLI
+
+    def fair_shares(self) -> dict[str, float]:
+        return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def extend_reservation(self, name: str, end_time: float) -> None:
+        self.cli.extend_reservation(name, end_time)

@@ -23,6 +23,7 @@ from hpcorch.protocol import (
     ENV_JOB_ID,
     ENV_MAX_GLOBAL_BATCH,
     ENV_MAX_PER_GPU_BATCH,
+    ENV_MAX_RELAUNCHES,
     ENV_MIN_GLOBAL_BATCH,
     ENV_MODE,
     ENV_PROGRESS_FILE,
@@ -33,11 +34,12 @@ from hpcorch.protocol import (
     ENV_STOP_COMMAND,
     ENV_STOP_GRACE,
     ENV_STOP_SIGNAL,
+    ENV_TIME_BUDGET,
     JOB_COMMENT_TAG,
 )
+from hpcorch.timefmt import DurationError, parse_duration
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
-TIME_RE = re.compile(r"^(\d+-\d{1,2}(:\d{1,2}){0,2}|\d+(:\d{1,2}){0,2})$")
 SAFE_PATH_RE = re.compile(r"^[A-Za-z0-9_./+@%=-]+$")
 
 
@@ -117,7 +119,14 @@ class JobSpec:
     sidecar: SidecarSpec | None = None
     min_cpus_per_gpu: int = 0
     """The fewest CPUs per GPU the controller may give the job (0: one)."""
-    """Set: the script does not use the runtime; the wrapper runs it under the sidecar."""
+    slurm_options: tuple[str, ...] = ()
+    """The user's further sbatch options (``--account=a``, ...), validated by
+    hpcorch/slurm/options.py."""
+    time_budget_s: int = 0
+    """Run time the job may use across all its launches (0: no budget)."""
+    max_relaunches: int = -1
+    """Relaunches after the job checkpointed on its own, e.g. at its time limit (-1: no
+    cap)."""
 
     @property
     def gpus(self) -> int:
@@ -134,6 +143,10 @@ class JobSpec:
             parts.append(f"micro={self.max_per_gpu_batch}")
         if self.min_cpus_per_gpu:
             parts.append(f"mincpus={self.min_cpus_per_gpu}")
+        if self.time_budget_s:
+            parts.append(f"budget={self.time_budget_s}")
+        if self.max_relaunches >= 0:
+            parts.append(f"relaunches={self.max_relaunches}")
         if self.sidecar is not None:
             parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
             if not self.sidecar.resumable:
@@ -158,7 +171,7 @@ def parse_comment(comment: str) -> dict[str, str] | None:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise SpecError(
             f"invalid job name {name!r}: use 1-64 letters, digits and _ . + - "
             "(starting with a letter or digit)"
@@ -167,16 +180,16 @@ def check_name(name: str) -> str:
 
 
 def check_time(limit: str) -> str:
-    if not TIME_RE.match(limit):
-        raise SpecError(
-            f"invalid time limit {limit!r}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM "
-            "or D-HH:MM:SS"
-        )
-    return limit
+    """A Slurm time limit (``UNLIMITED`` included), as sbatch reads it."""
+    try:
+        seconds = parse_duration(limit)
+    except DurationError as exc:
+        raise SpecError(str(exc)) from exc
+    return limit.strip() if seconds is not None else "UNLIMITED"
 
 
 def check_sbatch_path(path: str, what: str) -> str:
-    if not SAFE_PATH_RE.match(path):
+    if not SAFE_PATH_RE.fullmatch(path):
         raise SpecError(
             f"{what} {path!r} contains characters that cannot appear in an #SBATCH line "
             "(use letters, digits and _ . / + @ % = -)"
@@ -207,6 +220,10 @@ def render_batch_script(spec: JobSpec) -> str:
         sb.append(f"--reservation={check_sbatch_path(spec.reservation, 'reservation')}")
     if spec.time_limit:
         sb.append(f"--time={check_time(spec.time_limit)}")
+    for opt in spec.slurm_options:
+        if not opt.startswith("--") or "\n" in opt or " " in opt:
+            raise SpecError(f"sbatch option {opt!r} cannot stand in an #SBATCH line")
+        sb.append(opt)
     if spec.managed:
         sb.append("--hold")
     sb += [
@@ -230,6 +247,10 @@ def render_batch_script(spec: JobSpec) -> str:
         env.append((ENV_MAX_PER_GPU_BATCH, str(spec.max_per_gpu_batch)))
     if spec.python:
         env.append(("HPCORCH_PYTHON", spec.python))
+    if spec.time_budget_s:
+        env.append((ENV_TIME_BUDGET, str(spec.time_budget_s)))
+    if spec.max_relaunches >= 0:
+        env.append((ENV_MAX_RELAUNCHES, str(spec.max_relaunches)))
     if spec.managed:
         env.append(("HPCORCH_CONTROLLED", "1"))
     if spec.sidecar is not None:

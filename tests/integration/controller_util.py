@@ -94,7 +94,6 @@ class ControllerProc:
 def submit(pool: Pool, reservation: str, name: str, lo: int, hi: int, *script_args: str) -> int:
     out = pool.hpcorch(
         "submit",
-        str(ELASTIC),
         "--pool",
         reservation,
         "--name",
@@ -108,7 +107,7 @@ def submit(pool: Pool, reservation: str, name: str, lo: int, hi: int, *script_ar
         "--max-per-gpu-batch",
         "64",
         "--parsable",
-        "--",
+        str(ELASTIC),
         "--global-batch",
         "64",
         "--samples",

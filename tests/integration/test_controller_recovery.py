@@ -144,7 +144,6 @@ def test_500_jobs_cycle_stays_bounded(env_pool: Pool, tmp_path: Path) -> None:
         for i in range(10):
             env_pool.hpcorch(
                 "submit",
-                str(script),
                 "--pool",
                 res,
                 "--min-gpus",
@@ -154,10 +153,11 @@ def test_500_jobs_cycle_stays_bounded(env_pool: Pool, tmp_path: Path) -> None:
                 "--name",
                 f"s{i}",
                 "--parsable",
+                str(script),
             )
         per_submit = (time.perf_counter() - t0) / 10
         text = env_pool.hpcorch(
-            "submit", str(script), "--pool", res, "--min-gpus", "1", "--max-gpus", "2", "--dry-run"
+            "submit", "--pool", res, "--min-gpus", "1", "--max-gpus", "2", "--dry-run", str(script)
         ).stdout
         for _ in range(490):
             env_pool.run("sbatch", "--parsable", input=text)
@@ -190,7 +190,7 @@ def test_bad_input_is_one_clear_error(env_pool: Pool, tmp_path: Path) -> None:
 
     before = set(env_pool.squeue())
     r = env_pool.hpcorch(
-        "submit", str(EXAMPLE), "--pool", "nosuchpool", "--min-gpus", "1", check=False
+        "submit", "--pool", "nosuchpool", "--min-gpus", "1", str(EXAMPLE), check=False
     )
     assert r.returncode == 1
     assert re.fullmatch(r"Error: pool 'nosuchpool' does not exist \(valid: .*\)", r.stderr.strip())
@@ -252,7 +252,7 @@ def test_a_user_cannot_resize_another_users_job(env_pool: Pool, tmp_path: Path) 
     from tests.conftest import EXAMPLE
 
     out = env_pool.hpcorch(
-        "submit", str(EXAMPLE), "--min-gpus", "1", "--parsable", "--", "--epochs", "1000"
+        "submit", "--min-gpus", "1", "--parsable", str(EXAMPLE), "--epochs", "1000"
     )
     job = int(out.stdout.strip())
     try:

@@ -48,9 +48,13 @@ def ctl(env_pool: Pool, tmp_path: Path) -> Iterator[ControllerProc]:
 
 
 def submit(pool: Pool, ctl: ControllerProc, script: Path, *args: str) -> int:
+    """``args``: hpcorch's options, then ``--`` and the script's arguments."""
+    ours = args[: args.index("--")] if "--" in args else args
+    theirs = args[args.index("--") + 1 :] if "--" in args else ()
     out = pool.hpcorch(
-        "submit", str(script), "--pool", ctl.reservation, "--parsable", "--max-gpus", "4", *args
-    )
+        "submit", "--pool", ctl.reservation, "--parsable", "--max-gpus", "4", *ours,
+        str(script), *theirs,
+    )  # fmt: skip
     return int(out.stdout.strip())
 
 
@@ -253,9 +257,9 @@ def test_standalone_sidecar_requeues_itself(env_pool: Pool, tmp_path: Path) -> N
     the job requeues itself and resumes from the script's checkpoint."""
     ck = tmp_path / "ck"
     out = env_pool.hpcorch(
-        "submit", str(PLAIN), "--min-gpus", "2", "--parsable", "--ckpt-dir", str(ck),
+        "submit", "--min-gpus", "2", "--parsable", "--ckpt-dir", str(ck),
         "--resume-arg", "--resume {ckpt}",
-        "--", "--ckpt-dir", str(ck), "--steps", "400", "--step-delay", "0.02",
+        str(PLAIN), "--ckpt-dir", str(ck), "--steps", "400", "--step-delay", "0.02",
     )  # fmt: skip
     job = int(out.stdout.strip())
     wait_for("the script stepping", lambda: "step 20/400" in _out_or_empty(env_pool, job), 120)
@@ -275,7 +279,7 @@ def _out_or_empty(pool: Pool, job: int) -> str:
 
 def test_wrapper_runs_plain_scripts_under_the_sidecar(env_pool: Pool) -> None:
     """The batch script of a plain script names sidecar mode; a runtime script's does not."""
-    plain = env_pool.hpcorch("submit", str(PLAIN), "--min-gpus", "1", "--dry-run").stdout
-    managed = env_pool.hpcorch("submit", str(ELASTIC), "--min-gpus", "1", "--dry-run").stdout
+    plain = env_pool.hpcorch("submit", "--min-gpus", "1", "--dry-run", str(PLAIN)).stdout
+    managed = env_pool.hpcorch("submit", "--min-gpus", "1", "--dry-run", str(ELASTIC)).stdout
     assert "export HPCORCH_MODE=sidecar" in plain and "resume=no" in plain
     assert "HPCORCH_MODE" not in managed

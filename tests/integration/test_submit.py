@@ -26,7 +26,6 @@ def job_dir_of(pool: Pool, job_id: int) -> Path:
 def test_ddp_job_trains_and_status_lists_it(slurm_pool: Pool) -> None:
     out = slurm_pool.hpcorch(
         "submit",
-        str(EXAMPLE),
         "--min-gpus",
         "2",
         "--max-gpus",
@@ -34,7 +33,7 @@ def test_ddp_job_trains_and_status_lists_it(slurm_pool: Pool) -> None:
         "--batch-size",
         "64",
         "--parsable",
-        "--",
+        str(EXAMPLE),
         "--epochs",
         "3",
         "--tag",
@@ -65,11 +64,10 @@ def test_ddp_job_trains_and_status_lists_it(slurm_pool: Pool) -> None:
 def test_cancel_stops_a_running_job(slurm_pool: Pool) -> None:
     out = slurm_pool.hpcorch(
         "submit",
-        str(EXAMPLE),
         "--min-gpus",
         "1",
         "--parsable",
-        "--",
+        str(EXAMPLE),
         "--epochs",
         "100000",
     )
@@ -106,7 +104,7 @@ def test_cancel_refuses_jobs_hpcorch_did_not_submit(slurm_pool: Pool) -> None:
 )
 def test_requests_the_pool_cannot_meet(slurm_pool: Pool, args: list[str], needle: str) -> None:
     before = slurm_pool.squeue().keys()
-    res = slurm_pool.hpcorch("submit", str(EXAMPLE), *args, check=False)
+    res = slurm_pool.hpcorch("submit", *args, str(EXAMPLE), check=False)
     assert res.returncode == 1
     assert res.stderr.strip() == f"Error: {needle}"
     assert slurm_pool.squeue().keys() == before

@@ -145,3 +145,22 @@ def test_plan_of_another_job(tmp_path: Path) -> None:
     write_plan(tmp_path / "plan.json", LaunchPlan(64, 2, 16, job="other"))
     with pytest.raises(ConfigError, match="is for job 'other', not for 'mine'"):
         settings({"HPCORCH_JOB_DIR": str(tmp_path), "HPCORCH_JOB_ID": "mine"})
+
+
+@pytest.mark.parametrize(("node", "local_world"), [(0, 2), (2, 2), (3, 1)])
+def test_uneven_tasks_per_node(node: int, local_world: int) -> None:
+    """``2(x3),1``: three nodes with two tasks, one with one; srun and MPI agree."""
+    env = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_NUM_TASKS": "7",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": str(node),
+        "SLURM_STEP_TASKS_PER_NODE": "2(x3),1",
+        "SLURM_JOB_ID": "17",
+        "MASTER_ADDR": "127.0.0.1",
+    }
+    assert detect_launch(env).local_world_size == local_world
+    mpi = {**env, "PMIX_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "7"}
+    assert detect_launch(mpi).local_world_size == local_world
+    with pytest.raises(LaunchError, match="tasks-per-node"):
+        detect_launch({**env, "SLURM_STEP_TASKS_PER_NODE": "2(x3),"})

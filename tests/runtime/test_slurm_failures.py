@@ -100,7 +100,7 @@ def test_bad_plan_or_checkpoint_one_error_nothing_overwritten(
     for name, jd, before, message, job in cases:
         assert job.wait() == EXIT_CONFIG, (name, job.output())
         out = job.output()
-        errors = [line for line in out.splitlines() if line.startswith("hpcorch: error:")]
+        errors = [line for line in out.splitlines() if " hpcorch: error: " in line]
         assert len(errors) == 1 and message in errors[0], (name, out)
         assert "Traceback" not in out, name
         assert snapshot(jd) == before, name  # nothing written, nothing overwritten

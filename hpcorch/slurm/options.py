@@ -1,0 +1,314 @@
+"""sbatch options that a user passes through hpcorch, validated. Pure.
+
+hpcorch writes every Slurm option of a job as an ``#SBATCH`` line of the batch script it
+renders (hpcorch/slurm/script.py), so the script it stores and shows with ``--dry-run`` is
+exactly what Slurm gets. A user adds options in two ways:
+
+- named ones (``submit --account/--qos/--mem/--constraint/--mail-type/--mail-user/
+  --dependency/--exclusive``), each checked against Slurm's own format;
+- any other sbatch option with ``--sbatch-arg=--NAME[=VALUE]`` (repeatable), refused when
+  hpcorch itself owns that option (GPUs, nodes, tasks, the comment, the output file, ...).
+
+Values are checked, not quoted: sbatch reads ``#SBATCH`` lines without a shell, so a
+value must not hold white space, quotes, ``#`` or control characters.
+
+``SBATCH_*`` environment variables: sbatch lets them override a script's ``#SBATCH``
+lines, so an inherited ``SBATCH_GRES`` or ``SBATCH_RESERVATION`` would silently undo
+what hpcorch decided. hpcorch therefore runs sbatch without any ``SBATCH_*`` variable,
+and takes the ones in :data:`ENV_DEFAULTS` (account, QOS, partition, time, ...) as the
+defaults of its own options, rendered into the script like any option; the others are
+ignored with a note (:func:`ignored_env`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:@%+=/()\[\]|&*!?~^-]{1,1024}$")
+OPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+ACCOUNT_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,63}$")
+MEM_RE = re.compile(r"^[0-9]{1,12}[KMGTkmgt]?$")
+CONSTRAINT_RE = re.compile(r"^[A-Za-z0-9_.\-&|,*\[\]():!]{1,512}$")
+MAIL_USER_RE = re.compile(r"^[A-Za-z0-9._%+-]{1,64}(@[A-Za-z0-9.-]{1,253})?$")
+DEPENDENCY_TYPES = (
+    "after",
+    "afterany",
+    "afterburstbuffer",
+    "aftercorr",
+    "afternotok",
+    "afterok",
+)
+_DEP_ITEM_RE = re.compile(
+    r"^(?:singleton|(?:" + "|".join(DEPENDENCY_TYPES) + r")(?::[0-9]{1,10}(?:_[0-9]{1,10})?"
+    r"(?:\+[0-9]{1,10})?)+)$"
+)
+MAIL_TYPES = (
+    "NONE",
+    "BEGIN",
+    "END",
+    "FAIL",
+    "REQUEUE",
+    "ALL",
+    "INVALID_DEPEND",
+    "STAGE_OUT",
+    "TIME_LIMIT",
+    "TIME_LIMIT_90",
+    "TIME_LIMIT_80",
+    "TIME_LIMIT_50",
+    "ARRAY_TASKS",
+)
+
+OWNED: dict[str, str] = {
+    "job-name": "use hpcorch's --name",
+    "partition": "use hpcorch's --partition",
+    "time": "use hpcorch's --time (and --time-total)",
+    "reservation": "the pool is the reservation: use --pool",
+    "nodes": "hpcorch chooses the nodes from --min-gpus/--max-gpus",
+    "ntasks": "hpcorch starts one task per GPU",
+    "ntasks-per-node": "hpcorch starts one task per GPU",
+    "ntasks-per-gpu": "hpcorch starts one task per GPU",
+    "ntasks-per-core": "hpcorch starts one task per GPU",
+    "ntasks-per-socket": "hpcorch starts one task per GPU",
+    "gres": "hpcorch sets the GPUs: use --min-gpus/--max-gpus",
+    "gpus": "hpcorch sets the GPUs: use --min-gpus/--max-gpus",
+    "gpus-per-node": "hpcorch sets the GPUs: use --min-gpus/--max-gpus",
+    "gpus-per-task": "hpcorch sets the GPUs: use --min-gpus/--max-gpus",
+    "gpus-per-socket": "hpcorch sets the GPUs: use --min-gpus/--max-gpus",
+    "cpus-per-gpu": "use hpcorch's --cpus-per-gpu",
+    "cpus-per-task": "use hpcorch's --cpus-per-gpu",
+    "comment": "hpcorch marks its jobs with the comment",
+    "output": "the job's output goes to its job directory (see `hpcorch logs`)",
+    "error": "the job's output goes to its job directory (see `hpcorch logs`)",
+    "input": "hpcorch's jobs read no standard input",
+    "open-mode": "the output file is appended across relaunches",
+    "requeue": "hpcorch relaunches its jobs itself",
+    "no-requeue": "hpcorch relaunches its jobs itself",
+    "signal": "hpcorch asks for its checkpoint signal itself",
+    "hold": "hpcorch holds pool jobs for the controller",
+    "nodelist": "hpcorch (or its controller) places the job",
+    "array": "hpcorch submits one job at a time",
+    "wrap": "hpcorch runs the job wrapper",
+    "parsable": "use hpcorch's --parsable",
+    "wait": "hpcorch submits and returns (the Python API's Job.wait() waits)",
+    "test-only": "use hpcorch's --dry-run",
+    "export": "the job needs the submit environment (SLURM_CONF, PATH)",
+    "export-file": "the job needs the submit environment (SLURM_CONF, PATH)",
+    "account": "use hpcorch's --account",
+    "qos": "use hpcorch's --qos",
+    "mem": "use hpcorch's --mem",
+    "constraint": "use hpcorch's --constraint",
+    "mail-type": "use hpcorch's --mail-type",
+    "mail-user": "use hpcorch's --mail-user",
+    "dependency": "use hpcorch's --dependency",
+    "exclusive": "use hpcorch's --exclusive",
+}
+"""Options hpcorch sets itself or has its own option for, and what to do instead."""
+
+POOL_REFUSED: dict[str, str] = {
+    "exclude": "the controller places pool jobs on the pool's nodes",
+    "exclusive": "the controller shares the pool's nodes between jobs by GPU",
+    "oversubscribe": "the controller shares the pool's nodes between jobs by GPU",
+    "begin": "the controller starts pool jobs",
+    "deadline": "the controller starts pool jobs",
+}
+"""Options that make sense for a job sent straight to Slurm, not for a pool job."""
+
+ENV_DEFAULTS: dict[str, str] = {
+    "SBATCH_ACCOUNT": "account",
+    "SBATCH_QOS": "qos",
+    "SBATCH_PARTITION": "partition",
+    "SBATCH_TIMELIMIT": "time_limit",
+    "SBATCH_MEM_PER_NODE": "mem",
+    "SBATCH_CONSTRAINT": "constraint",
+}
+"""sbatch's input variables that hpcorch takes as the defaults of its own options."""
+
+
+class OptionError(ValueError):
+    """An sbatch option hpcorch cannot pass on; the message is one line for people."""
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """The Slurm options a user added to a job (all validated)."""
+
+    account: str | None = None
+    qos: str | None = None
+    mem: str | None = None
+    constraint: str | None = None
+    mail_type: str | None = None
+    mail_user: str | None = None
+    dependency: str | None = None
+    exclusive: bool = False
+    extra: tuple[str, ...] = ()
+    """Further sbatch options in their long form, e.g. ``--mem-per-gpu=10G``."""
+
+    def sbatch_lines(self) -> list[str]:
+        """The options as they stand after ``#SBATCH``, in a fixed order."""
+        out = []
+        for name, value in (
+            ("account", self.account),
+            ("qos", self.qos),
+            ("mem", self.mem),
+            ("constraint", self.constraint),
+            ("mail-type", self.mail_type),
+            ("mail-user", self.mail_user),
+            ("dependency", self.dependency),
+        ):
+            if value:
+                out.append(f"--{name}={value}")
+        if self.exclusive:
+            out.append("--exclusive")
+        return out + list(self.extra)
+
+
+def check_account(value: str, what: str = "--account") -> str:
+    if not ACCOUNT_RE.fullmatch(value):
+        raise OptionError(
+            f"invalid {what} {value!r}: use 1-64 letters, digits and _ . + - "
+            "(starting with a letter, digit or _)"
+        )
+    return value
+
+
+def check_mem(value: str) -> str:
+    if not MEM_RE.fullmatch(value):
+        raise OptionError(
+            f"invalid --mem {value!r}: use a size in megabytes or with a unit, "
+            "e.g. 4000, 500M, 32G, 1T"
+        )
+    return value.upper()
+
+
+def check_constraint(value: str) -> str:
+    if not CONSTRAINT_RE.fullmatch(value):
+        raise OptionError(
+            f"invalid --constraint {value!r}: use node features joined by & | , "
+            "with [ ] ( ) * and counts, e.g. 'a100&ib' or '[rack1|rack2]'"
+        )
+    return value
+
+
+def check_mail_type(value: str) -> str:
+    items = [v.strip().upper() for v in value.split(",")]
+    bad = [v for v in items if v not in MAIL_TYPES]
+    if not items or bad:
+        raise OptionError(
+            f"invalid --mail-type {bad[0] if bad else value!r}"
+            f" (valid: {', '.join(MAIL_TYPES)}; several joined by commas)"
+        )
+    return ",".join(items)
+
+
+def check_mail_user(value: str) -> str:
+    if not MAIL_USER_RE.fullmatch(value):
+        raise OptionError(f"invalid --mail-user {value!r}: use a user name or an e-mail address")
+    return value
+
+
+def check_dependency(value: str) -> str:
+    sep = "?" if "?" in value else ","
+    items = value.split(sep)
+    if not value or len(items) > 64 or not all(_DEP_ITEM_RE.fullmatch(i) for i in items):
+        raise OptionError(
+            f"invalid --dependency {value!r}: use TYPE:JOBID[:JOBID...] joined by , (all) "
+            f"or ? (any), TYPE one of {', '.join(DEPENDENCY_TYPES)}; or singleton"
+        )
+    return value
+
+
+def split_option(arg: str) -> tuple[str, str | None]:
+    """``--name=value`` -> (name, value); ``--flag`` -> (flag, None)."""
+    if not arg.startswith("--"):
+        raise OptionError(
+            f"--sbatch-arg {arg!r}: give one sbatch option in its long form, "
+            "e.g. --sbatch-arg=--mem-per-gpu=10G"
+        )
+    name, eq, value = arg[2:].partition("=")
+    if not OPTION_NAME_RE.fullmatch(name):
+        raise OptionError(f"--sbatch-arg {arg!r}: {name!r} is not an sbatch option name")
+    return name, (value if eq else None)
+
+
+def check_extra(args: Sequence[str], pooled: bool) -> tuple[str, ...]:
+    """The ``--sbatch-arg`` options, checked: each one sbatch option, not one hpcorch
+    owns, with a value that can stand in an ``#SBATCH`` line."""
+    out = []
+    seen: set[str] = set()
+    for arg in args:
+        name, value = split_option(arg)
+        if name in OWNED:
+            raise OptionError(f"--sbatch-arg {arg!r}: hpcorch sets --{name} itself ({OWNED[name]})")
+        if pooled and name in POOL_REFUSED:
+            raise OptionError(
+                f"--sbatch-arg {arg!r}: not for a job in a pool ({POOL_REFUSED[name]})"
+            )
+        if value is not None and not SAFE_VALUE_RE.fullmatch(value):
+            raise OptionError(
+                f"--sbatch-arg {arg!r}: the value may hold only letters, digits and "
+                "_ . , : @ % + = / ( ) [ ] | & * ! ? ~ ^ - (no spaces or quotes)"
+            )
+        if name in seen:
+            raise OptionError(f"--sbatch-arg: --{name} is given twice")
+        seen.add(name)
+        out.append(f"--{name}" if value is None else f"--{name}={value}")
+    return tuple(out)
+
+
+def make_options(
+    account: str | None = None,
+    qos: str | None = None,
+    mem: str | None = None,
+    constraint: str | None = None,
+    mail_type: str | None = None,
+    mail_user: str | None = None,
+    dependency: str | None = None,
+    exclusive: bool = False,
+    extra: Sequence[str] = (),
+    pooled: bool = False,
+) -> SlurmOptions:
+    """Validated options; an :class:`OptionError` names the first bad one."""
+    if pooled and exclusive:
+        raise OptionError(f"--exclusive is not for a job in a pool ({POOL_REFUSED['exclusive']})")
+    if pooled and dependency:
+        raise OptionError(
+            "--dependency is not for a job in a pool: the controller starts pool jobs "
+            "itself and would hold GPUs for a job Slurm keeps waiting (submit it when the "
+            "jobs it depends on are done)"
+        )
+    if mail_user and not mail_type:
+        mail_type = "END,FAIL"  # what a user giving an address means; sbatch would send none
+    return SlurmOptions(
+        account=check_account(account) if account else None,
+        qos=check_account(qos, "--qos") if qos else None,
+        mem=check_mem(mem) if mem else None,
+        constraint=check_constraint(constraint) if constraint else None,
+        mail_type=check_mail_type(mail_type) if mail_type else None,
+        mail_user=check_mail_user(mail_user) if mail_user else None,
+        dependency=check_dependency(dependency) if dependency else None,
+        exclusive=exclusive,
+        extra=check_extra(extra, pooled),
+    )
+
+
+def env_defaults(environ: Mapping[str, str]) -> dict[str, str]:
+    """hpcorch option name -> value, for each ``SBATCH_*`` default that is set."""
+    out = {}
+    for var, option in ENV_DEFAULTS.items():
+        value = environ.get(var, "").strip()
+        if value:
+            out[option] = value
+    return out
+
+
+def ignored_env(environ: Mapping[str, str]) -> list[str]:
+    """The ``SBATCH_*`` variables set here that hpcorch neither uses nor passes on."""
+    return sorted(v for v in environ if v.startswith("SBATCH_") and v not in ENV_DEFAULTS)
+
+
+def without_sbatch_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment to run sbatch in: every ``SBATCH_*`` variable removed (hpcorch's
+    script carries every option explicitly, and sbatch would let these override it)."""
+    return {k: v for k, v in environ.items() if not k.startswith("SBATCH_")}
