@@ -19,6 +19,7 @@ from typing import Any
 
 from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import reconcile
+from hpcorch.controller.identity import fingerprint, model_bytes
 from hpcorch.controller.reconcile import Action, Settings
 from hpcorch.controller.snapshot import build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
@@ -181,7 +182,7 @@ class Controller:
             name=j.name,
             user=j.user,
             job_dir=t.get("dir", ""),
-            app=t.get("app", j.name),
+            app=t.get("app", ""),
             min_gpus=min_gpus,
             max_gpus=max(min_gpus, _int(t, "max", min_gpus)),
             batch=batch,
@@ -246,6 +247,8 @@ class Controller:
                 rec.epochs = epochs
             if isinstance(size, int) and size > 0:
                 rec.steps_per_epoch = size / max(1, rec.batch)
+            rec.fingerprint = fingerprint(line.get("model"), line.get("params"), size)
+            rec.model_bytes = model_bytes(line.get("model_bytes"))
             return None
         if event != "steps":
             return None

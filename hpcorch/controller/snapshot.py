@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from hpcorch.cluster import PoolNode
+from hpcorch.controller.identity import model_key
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
@@ -109,7 +110,7 @@ def job_view(
     epochs = rec.epochs or rec.epoch + 1
     return JobView(
         job_id=str(rec.slurm_id),
-        application=rec.app,
+        application=model_key(rec.user, rec.app, rec.fingerprint, rec.slurm_id),
         submit_time=rec.submit_time,
         requested_gpus=req_gpus,
         requested_batch=req_batch or rec.batch,
@@ -134,6 +135,7 @@ def job_view(
         run_time=rec.run_seconds,
         restarts=max(0, rec.launches - 1),
         profile=profile_of(samples),
+        model_bytes=rec.model_bytes,
         predictable=bool(rec.predictable),
         resizable=rec.movable,
         cpus_per_gpu=rec.cpus_per_gpu if gpus else 0,
@@ -171,12 +173,13 @@ def job_weights(records: Sequence[JobRecord], shares: Mapping[str, float]) -> di
 def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
     return CompletedJob(
         job_id=str(rec.slurm_id),
-        application=rec.app,
+        application=model_key(rec.user, rec.app, rec.fingerprint, rec.slurm_id),
         jct=max(0.0, rec.finished_at - rec.submit_time),
         gpu_seconds=rec.gpu_seconds,
         progress=rec.progress,
         epochs=rec.epochs or rec.epoch,
         profile=profile_of(samples),
+        model_bytes=rec.model_bytes,
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -44,6 +44,10 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "max_relaunches INTEGER NOT NULL DEFAULT -1"),
         ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
+    ),
+    4: (
+        ("jobs", "fingerprint TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
@@ -221,6 +225,10 @@ class JobRecord:
     """Relaunches so far after the job checkpointed on its own."""
     run_total_s: float = 0.0
     """Run time across all launches so far (running or stopping)."""
+    fingerprint: str = ""
+    """The model the job's runtime reported (class:parameters:dataset size; '' unknown)."""
+    model_bytes: int = 0
+    """Gradient bytes per step the job's runtime reported (0: unknown)."""
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
