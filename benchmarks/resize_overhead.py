@@ -1,22 +1,31 @@
 """Resize overhead on a real local Slurm pool, and the controller's cycle with many jobs.
 
-    .venv/bin/python benchmarks/resize_overhead.py [--jobs 500]
+    .venv/bin/python benchmarks/resize_overhead.py [--jobs 500] [--port-base P]
 
-Brings up its own pool (4 nodes x 4 GPUs, in .run/bench-pool), runs the controller with the
-elastic fair-share policy on one node, and resizes a real DDP job (examples/train_elastic.py):
-A [1,4] alone runs on 4 GPUs; B [2,2] arrives, A shrinks to 2; B ends, A grows back to 4.
-Each resize is split into what the timestamps the parts write allow:
+Brings up its own pool (4 nodes x 4 GPUs, in .run/bench-pool; port base --port-base, else
+$HPCORCH_POOL_PORT, else 21800), runs the controller with the elastic fair-share policy on
+one node at its production cycle (10 s, fast cycles while a job starts or stops), and
+resizes a real 4-rank DDP job (examples/train_elastic.py): A [1,4] alone runs on 4 GPUs;
+B [2,2] arrives, A shrinks to 2; B ends, A grows back to 4. Each resize is split into
+what the timestamps the parts write allow:
 
-  decide->signal   controller: decision written, scancel --signal sent
-  signal->ckpt     runtime: to the next step boundary, all ranks agree, checkpoint written
-  ckpt->exit       runtime and wrapper: processes exit, srun and the batch script end
-  exit->released   controller: exit seen, requeuehold, reshape, StartTime, release
-  released->start  Slurm starts the batch script; Python and torch import; process group
-  start->step      first training step at the new size
+  signal           controller: decision written -> scancel --signal sent
+  checkpoint       runtime: to the next step boundary, all ranks agree, checkpoint written
+  exit             checkpoint written -> the controller sees the job ended: the ranks
+                   agree and rank 0 logs its exit (processes), then the processes, srun
+                   and the batch script end, Slurm completes the job, the next poll sees
+                   it (Slurm+poll)
+  requeue          controller: scontrol requeuehold
+  relaunch wait    until the second after the end was seen (slurmd's credential revoke)
+  reshape+release  controller: scontrol update (shape), StartTime=now, release
+  Slurm launch     released -> the new processes start (Slurm starts the batch script,
+                   the wrapper, srun)
+  python+torch+DDP process start -> first training step (interpreter, torch import,
+                   process group, DDP construction, first step)
 
-hpcorch's own part is decide->signal + signal->ckpt + ckpt->exit + exit->released (the
-rest is Slurm's launch and process start-up, which any restart pays). Then it submits
---jobs held jobs (a sleeping script) and times two controller cycles over them.
+hpcorch's own part is signal .. reshape+release; the rest is what any restart pays. Then
+it submits --jobs held jobs (a sleeping script) and times two controller cycles over them
+(benchmarks/controller_cycle.py times the cycle in more detail).
 """
 
 from __future__ import annotations
@@ -61,7 +70,12 @@ def metrics(job_dir: Path) -> list[dict[str, Any]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--jobs", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=500, help="held jobs for the cycle timing")
+    ap.add_argument(
+        "--port-base", type=int, default=int(os.environ.get("HPCORCH_POOL_PORT", 21800))
+    )
+    ap.add_argument("--resizes", type=int, default=1, help="times to repeat A's shrink and grow")
+    ap.add_argument("--json", help="write every resize's parts (seconds) to this file")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcorch-bench-"))
     pool_dir = REPO / ".run" / "bench-pool"
@@ -73,7 +87,7 @@ def main() -> None:
         "PYTHONUNBUFFERED": "1",
     }
     hp = [sys.executable, "-m", "hpcorch"]
-    sh(env, str(REPO / "slurm" / "pool"), "up", "--port-base", "21800")
+    sh(env, str(REPO / "slurm" / "pool"), "up", "--port-base", str(args.port_base))
     env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
     state = work / "ctl"
     ctl = subprocess.Popen(
@@ -87,9 +101,7 @@ def main() -> None:
             "--policy",
             "share",
             "--interval",
-            "0.5",
-            "--round",
-            "1",
+            "10",
             "--min-run",
             "5",
             "--state-dir",
@@ -130,10 +142,9 @@ def main() -> None:
             )
             return int(out.strip())
 
-        a = submit("A", 1, 4, 40)
+        a = submit("A", 1, 4, 40 * args.resizes)
         a_dir = next((work / "home" / "jobs").glob("A-*"))
         wait("A training", lambda: any(m.get("event") == "first_step" for m in metrics(a_dir)), 180)
-        b = submit("B", 2, 2, 6)
         store_path = state / "state.db"
 
         def phase(job: int) -> str:
@@ -144,17 +155,19 @@ def main() -> None:
             finally:
                 s.close()
 
-        wait("B done", lambda: phase(b) == "done", 400)
-        wait(
-            "A grown back", lambda: sum(m.get("event") == "start" for m in metrics(a_dir)) >= 3, 300
-        )
-        wait(
-            "A trained at 4 again",
-            lambda: sum(m.get("event") == "first_step" for m in metrics(a_dir)) >= 3,
-            300,
-        )
-        report(store_path, a, metrics(a_dir))
-        many(env, hp, work, args.jobs)
+        def count(event: str) -> int:
+            return sum(m.get("event") == event for m in metrics(a_dir))
+
+        for i in range(1, args.resizes + 1):
+            b = submit(f"B{i}", 2, 2, 6)
+            wait(f"B{i} done", lambda b=b: phase(b) == "done", 400)  # type: ignore[misc]
+            wait("A grown back", lambda i=i: count("start") >= 1 + 2 * i, 300)  # type: ignore[misc]
+            wait("A trained at 4 again", lambda i=i: count("first_step") >= 1 + 2 * i, 300)  # type: ignore[misc]
+        rows = report(store_path, a, metrics(a_dir))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        if args.jobs > 0:
+            many(env, hp, work, args.jobs)
     finally:
         ctl.terminate()
         ctl.wait(30)
@@ -163,55 +176,72 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> None:
+PARTS = (
+    "signal",
+    "checkpoint",
+    "exit",
+    " (processes)",
+    " (Slurm+poll)",
+    "requeue",
+    "relaunch wait",
+    "reshape+release",
+    "hpcorch own",
+    "Slurm launch",
+    "python+torch+DDP",
+    "whole",
+)
+
+
+def report(store_path: Path, job: int, lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Print every resize of ``job`` split into its parts; return them."""
     s = Store(store_path, readonly=True)
     decisions = s.decisions(job)
     s.close()
     signals = [d for d in decisions if d.action == "signal" and d.detail.startswith("resize")]
+    requeues = [d for d in decisions if d.action == "requeue_hold"]
     starts = [d for d in decisions if d.action == "start"][1:]
     ckpts = [m for m in lines if m.get("event") == "checkpoint" and m.get("reason") == "signal"]
-    if not ckpts:
-        ckpts = [m for m in lines if m.get("event") == "checkpoint"]
-    exits = [m for m in lines if m.get("event") == "exit"]
     launch = [m for m in lines if m.get("event") == "start"][1:]
+    exits = [m for m in lines if m.get("event") == "exit"]
     first = [m for m in lines if m.get("event") == "first_step"][1:]
-    print("\nresize overhead (seconds), a real DDP job on the local pool, 2 cores")
-    cols = [
-        "resize",
-        "decide->signal",
-        "signal->ckpt",
-        "ckpt->exit",
-        "exit->released",
-        "hpcorch own",
-        "released->start",
-        "start->step",
-        "whole",
-    ]
-    print("  ".join(f"{c:>15}" for c in cols))
+    rows: list[dict[str, Any]] = []
     for sig in signals:
         try:
             ck = next(m for m in ckpts if m["written_time"] >= sig.time)
-            ex = next(m for m in exits if m["time"] >= ck["written_time"])
-            st = next(d for d in starts if d.time >= ex["time"] - 0.5)
+            rq = next(d for d in requeues if d.time >= ck["written_time"])
+            st = next(d for d in starts if d.time >= rq.time)
+            fs = next(m for m in first if m["time"] >= st.done_at)
             ln = next(m for m in launch if m["time"] >= st.done_at)
-            fs = next(m for m in first if m["time"] >= ln["time"])
         except StopIteration:
             continue
-        parts = [
-            sig.done_at - sig.time,
-            ck["written_time"] - sig.done_at,
-            ex["time"] - ck["written_time"],
-            st.done_at - ex["time"],
-        ]
-        row = [
-            f"{sig.from_gpus}->{sig.to_gpus}",
-            *(f"{p:.2f}" for p in parts),
-            f"{sum(parts):.2f}",
-            f"{ln['time'] - st.done_at:.2f}",
-            f"{fs['time'] - ln['time']:.2f}",
-            f"{fs['time'] - sig.time:.2f}",
-        ]
-        print("  ".join(f"{c:>15}" for c in row))
+        ex = next((m for m in exits if ck["written_time"] <= m["time"] <= rq.time), None)
+        proc_start = fs["time"] - fs["since_start"]
+        part = {
+            "resize": f"{sig.from_gpus}->{sig.to_gpus}",
+            "signal": sig.done_at - sig.time,
+            "checkpoint": ck["written_time"] - sig.done_at,
+            "exit": rq.time - ck["written_time"],
+            " (processes)": ex["time"] - ck["written_time"] if ex else float("nan"),
+            " (Slurm+poll)": rq.time - ex["time"] if ex else float("nan"),
+            "requeue": rq.done_at - rq.time,
+            "relaunch wait": st.time - rq.done_at,
+            "reshape+release": st.done_at - st.time,
+            "Slurm launch": proc_start - st.done_at,
+            "python+torch+DDP": fs["time"] - proc_start,
+        }
+        part["hpcorch own"] = st.done_at - sig.time
+        part["whole"] = fs["time"] - sig.time
+        part["torch_import"] = ln.get("torch_import_seconds")
+        part["ddp_wrap"] = ln.get("ddp_wrap_seconds")
+        rows.append(part)
+    print("\nresize (seconds), a real 4-rank DDP job on the local pool, 2 cores")
+    print(f"{'resize':>8}" + "".join(f"{c:>17}" for c in PARTS))
+    for r in rows:
+        print(f"{r['resize']:>8}" + "".join(f"{r[c]:>17.2f}" for c in PARTS))
+    if rows:
+        med = {c: sorted(r[c] for r in rows)[len(rows) // 2] for c in PARTS}
+        print(f"{'median':>8}" + "".join(f"{med[c]:>17.2f}" for c in PARTS))
+    return rows
 
 
 def many(env: dict[str, str], hp: list[str], work: Path, n: int) -> None:

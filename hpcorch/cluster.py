@@ -36,6 +36,8 @@ class PoolNode:
     usable: bool
     cpus: int = 0
     """CPUs of the node (0: unknown; CPUs are then not planned)."""
+    cpus_used: int = 0
+    """CPUs allocated to jobs on the node."""
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,14 @@ class ObservedJob:
     tags: Mapping[str, str] = field(default_factory=dict)
     """The fields of the job's hpcorch comment (id, min, max, batch, dir, pin, ...)."""
     end_time: float = 0.0
+    per_node: tuple[int, ...] = ()
+    """GPUs on each of ``node_names`` (same order) when the cluster reports them, e.g. an
+    uneven placement; empty: ``gpus_per_node`` on every node."""
 
     @property
     def gpus(self) -> int:
+        if self.per_node:
+            return sum(self.per_node)
         return len(self.node_names) * self.gpus_per_node
 
     @property
@@ -104,6 +111,24 @@ class Shape:
     @property
     def even(self) -> bool:
         return not self.per_node or len(set(self.per_node)) == 1
+
+
+def fill_gpus(total: int, free: Sequence[int]) -> tuple[int, ...] | None:
+    """How a scheduler that gets a job's GPU count (not a count per node) on a fixed set
+    of nodes spreads it, as Slurm 22.05+'s cons_tres does (``--gpus`` / ``TresPerJob``
+    with ``ReqNodeList`` and ``NumNodes``, checked on the local pool): one GPU on every
+    node, then the rest node by node in the cluster's node order, each node up to its free
+    GPUs. ``free``: free GPUs of the job's nodes, in the cluster's node order. None when
+    they do not fit (a node without a free GPU, or too few free in all)."""
+    if total < len(free) or any(f < 1 for f in free) or total > sum(free):
+        return None
+    out = [1] * len(free)
+    left = total - len(free)
+    for i, f in enumerate(free):
+        take = min(f - 1, left)
+        out[i] += take
+        left -= take
+    return tuple(out)
 
 
 class Cluster(Protocol):

@@ -10,6 +10,7 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 
 from hpcorch.protocol import PLAN_VERSION
 
@@ -156,12 +157,20 @@ class LaunchPlan:
     lr_scaling: str | None = None
     """Overrides the script's rule when set."""
     version: int = PLAN_VERSION
+    placement: tuple[tuple[str, int], ...] = ()
+    """(node, GPUs) in rank order, as the controller asked Slurm for them: the job wrapper
+    lays the ranks out in this order when the allocation matches (empty: Slurm's order)."""
 
     def batch_plan(self) -> BatchPlan:
         return plan_batch(self.global_batch, self.gpus, self.max_micro_batch)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        doc = asdict(self)
+        if not self.placement:
+            del doc["placement"]  # plan files without a placement read as before
+        else:
+            doc["placement"] = [[n, c] for n, c in self.placement]
+        return json.dumps(doc, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, source: str = "plan") -> LaunchPlan:
@@ -195,12 +204,33 @@ class LaunchPlan:
                 f"{source}: unknown lr_scaling {raw['lr_scaling']!r}; "
                 f"valid: {', '.join(LR_SCALING_RULES)}"
             )
+        raw["placement"] = _placement(raw.get("placement", []), source)
         plan = cls(**raw)
         try:
             plan.batch_plan()
         except BatchPlanError as e:
             raise PlanFileError(f"{source}: {e}") from e
         return plan
+
+
+def _placement(value: object, source: str) -> tuple[tuple[str, int], ...]:
+    """A plan's placement: a list of [node name, GPUs > 0], each node once."""
+    bad = PlanFileError(f"{source}: placement must be a list of [node, GPUs] pairs")
+    if not isinstance(value, list):
+        raise bad
+    out: list[tuple[str, int]] = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise bad
+        name, gpus = item
+        if not isinstance(name, str) or not name or isinstance(gpus, bool):
+            raise bad
+        if not isinstance(gpus, int) or gpus < 1:
+            raise bad
+        out.append((name, gpus))
+    if len({n for n, _ in out}) != len(out):
+        raise PlanFileError(f"{source}: placement names a node twice")
+    return tuple(out)
 
 
 def read_plan(path: str | os.PathLike[str]) -> LaunchPlan:
@@ -222,3 +252,60 @@ def write_plan(path: str | os.PathLike[str], plan: LaunchPlan) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+# --- a plan rewritten while the launch runs (a new global batch, same GPUs) -----------
+
+
+def batch_from_plan(
+    plan: LaunchPlan,
+    *,
+    world_size: int,
+    job_id: str | None,
+    launch: int | None,
+    lower: int | None,
+    upper: int | None,
+) -> BatchPlan | None:
+    """The split a rewritten plan asks for, or None when it is not for this launch: another
+    job's, an older launch's, or made for another GPU count (a resize relaunches)."""
+    if job_id is not None and plan.job is not None and plan.job != job_id:
+        return None
+    if launch is not None and plan.launch < launch:
+        return None
+    if plan.gpus != world_size:
+        return None
+    try:
+        bounded = clamp_global_batch(plan.global_batch, lower, upper)
+        return plan_batch(bounded, world_size, plan.max_micro_batch)
+    except BatchPlanError:
+        return None
+
+
+class PlanWatcher:
+    """Rank 0's view of the plan file: a plan each time the file changes."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._seen: tuple[int, int, int] | None = None
+        self.error = ""
+        """Why the last changed file could not be read ('' when it could)."""
+
+    def changed(self) -> LaunchPlan | None:
+        """The plan, if the file changed since the last look (the first look reads it)."""
+        if self.path is None:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key == self._seen:
+            return None
+        self._seen = key
+        try:
+            plan = read_plan(self.path)
+        except PlanFileError as e:
+            self.error = str(e)
+            return None
+        self.error = ""
+        return plan

@@ -19,6 +19,24 @@ EXIT_CONFIG = 78
 """Bad input (plan or checkpoint file unreadable, wrong version, from another job).
 
 A failure that a relaunch cannot fix; 78 is EX_CONFIG from sysexits.h."""
+EXIT_STORAGE = 74
+"""The job directory cannot be written: no space left, a read-only filesystem, permission
+denied or a quota. A lasting condition, not a crash: the runtime says so in one line and
+exits with this code, and the controller backs off before it tries the job again (and
+gives up after a bounded number of tries). 74 is EX_IOERR from sysexits.h."""
+EXIT_LAUNCH_LOST = 79
+"""This launch lost a node or a rank, or a newer launch of the same job owns its directory
+(``LAUNCH_FILE``): nothing it did is a result. Slurm has usually requeued the job already;
+the wrapper never turns such a launch into a success, and an old launch's ranks stop with
+this code without writing anything once they find themselves superseded."""
+EXIT_CODES = {
+    EXIT_DONE: "done",
+    EXIT_RELAUNCH: "checkpointed, relaunch me",
+    EXIT_STORAGE: "job directory not writable",
+    EXIT_CONFIG: "bad plan, checkpoint or settings",
+    EXIT_LAUNCH_LOST: "launch lost or superseded",
+}
+"""The codes with a meaning of their own; anything else (non-zero) is a failure."""
 
 # --- signals ----------------------------------------------------------------------------
 CHECKPOINT_SIGNAL = "USR2"
@@ -80,6 +98,11 @@ ENV_PROGRESS_REGEX = "HPCORCH_PROGRESS_REGEX"
 """Regular expression over the script's output that reports its step (and total)."""
 ENV_PROGRESS_FILE = "HPCORCH_PROGRESS_FILE"
 """A JSON-lines file the script writes its progress to ({"step": ..., "total": ...})."""
+ENV_BATCH_FILE = "HPCORCH_BATCH_FILE"
+"""The sidecar's batch file ({"global_batch", "per_gpu_batch", "accum_steps", "gpus", ...}),
+rewritten when the controller changes the global batch of a running launch; a script
+submitted with --live-batch applies it from its next step."""
+BATCH_FILE = "batch.json"
 MODES = ("managed", "sidecar")
 SIDECAR_STATE_FILE = "sidecar.json"
 REQUEUE_REQUEST_FILE = "requeue-requested"
@@ -91,6 +114,10 @@ DEFAULT_STOP_GRACE_S = 60
 PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
 HEARTBEAT_FILE = "heartbeat"
+LAUNCH_FILE = "launch"
+"""Which launch owns the job directory: ``<slurm job id> <launch>``, written by the job
+wrapper under an exclusive flock before it starts the tasks; the runtime writes only while
+it holds a shared flock and is the owner (hpcorch/runtime/fence.py)."""
 CHECKPOINT_DIR = "checkpoints"
 CHECKPOINT_PREFIX = "ckpt-"
 CHECKPOINT_SUFFIX = ".pt"

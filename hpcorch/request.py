@@ -76,9 +76,10 @@ def sidecar_spec(
     resume_cmd: str | None = None,
     progress_regex: str | None = None,
     progress_file: str | None = None,
+    live_batch: bool | None = None,
 ) -> SidecarSpec | None:
     """The sidecar options as given, checked; None when none was given."""
-    given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex)
+    given = (stop_signal, stop_command, grace, ckpt_dir, resume_cmd, progress_regex, live_batch)
     if all(v is None for v in given) and not resume_args and progress_file is None:
         return None
     try:
@@ -109,6 +110,7 @@ def sidecar_spec(
         resume_cmd=cmd,
         progress_regex=progress_regex,
         progress_file=str(Path(progress_file).resolve()) if progress_file else None,
+        live_batch=bool(live_batch),
     )
 
 

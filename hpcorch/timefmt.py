@@ -34,6 +34,17 @@ def parse_duration(text: str, what: str = "time limit") -> int | None:
             f"invalid {what} {text!r}: use minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, "
             "D-HH:MM:SS or UNLIMITED"
         )
+    fields = {k: int(v) for k, v in m.groupdict().items() if v is not None}
+    bad = (
+        fields.get("dh", 0) > 23
+        or max(fields.get("dm", 0), fields.get("ds", 0), fields.get("c", 0)) > 59
+        or (fields.get("b", 0) > 59)
+    )
+    if bad:
+        raise DurationError(
+            f"invalid {what} {text!r}: minutes and seconds after an hour or minute field "
+            "must be below 60, hours after a day field below 24"
+        )
     if m.group("days") is not None:
         seconds = (
             int(m.group("days")) * 86400

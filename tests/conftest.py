@@ -66,6 +66,14 @@ class Pool:
         return state
 
 
+def pool_port_base() -> int:
+    """The test pool's port base: $HPCORCH_TEST_POOL_PORT, else one of this checkout's own,
+    so that two checkouts on one machine never share a slurmctld. A test's extra pool takes
+    this + 100 (the next block of ports)."""
+    default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
+    return int(os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port)))
+
+
 def _slurm_installed() -> bool:
     return all(shutil.which(x) for x in ("slurmctld", "slurmd", "sbatch", "munged"))
 
@@ -77,10 +85,7 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
             pytest.fail("Slurm is not installed: run 'slurm/pool install'")
         pytest.skip("Slurm is not installed (slurm/pool install)")
     pool_dir = Path(os.environ.get("HPCORCH_TEST_POOL_DIR", REPO / ".run" / "test-pool"))
-    # a port base of this checkout's own, so that two checkouts on one machine never share
-    # a slurmctld (and one's `pool down` never stops the other's)
-    default_port = 17800 + 100 * (zlib.crc32(str(REPO).encode()) % 40)
-    port = os.environ.get("HPCORCH_TEST_POOL_PORT", str(default_port))
+    port = str(pool_port_base())
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     subprocess.run(
         [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4", "--port-base", port],

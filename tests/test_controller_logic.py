@@ -281,18 +281,21 @@ def test_a_launch_is_not_signalled_before_it_reports_its_start(tmp_path: Path) -
     assert ("signal", 1) in c.log
 
 
-def test_relaunch_waits_for_the_last_run_to_be_over(tmp_path: Path) -> None:
-    c = FakeCluster()
+def test_relaunch_waits_for_the_second_after_the_end_was_seen(tmp_path: Path) -> None:
+    c = FakeCluster(t=1000.4)
     c.add(1, 1, 8)
-    ctl = controller(tmp_path, c, relaunch_delay_s=2)
+    ctl = controller(tmp_path, c, relaunch_delay_s=1)
     ctl.cycle()
     ctl.cycle()
     c.add(2, 4, 4)
+    ctl.cycle()  # job 1 signalled; it exits 75 at once
+    ctl.cycle()  # the end seen at 1000.4: requeued at once, released from 1001.0 on
+    assert [e for e in c.log if e[1] == 1][-1] == ("requeue_hold", 1)
+    c.t = 1000.9
     ctl.cycle()
-    c.set(1, end_time=c.t)
-    ctl.cycle()
-    assert ("requeue_hold", 1) not in c.log  # ended just now: not yet
-    c.t += 2.5
+    assert [e for e in c.log if e[1] == 1][-1] == ("requeue_hold", 1)
+    assert "let go of the last run" in ctl.store.job(1).reason  # type: ignore[union-attr]
+    c.t = 1001.0
     ctl.cycle()
     assert [e for e in c.log if e[1] == 1][-2:] == [("requeue_hold", 1), ("start", 1)]
 
@@ -310,6 +313,27 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     c.set(1, state="PENDING", held=False, node_names=(), restarts=1)  # Slurm requeued it
     ctl.cycle()
     assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
+    assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
+
+
+def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
+    tmp_path: Path,
+) -> None:
+    """Slurm requeues a job being stopped for a resize (its node died): it is restarted
+    without the node list that names the dead node, not left pending for good."""
+    c = FakeCluster()
+    c.add(1, 2, 2)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None
+    rec.phase = "stopping"
+    ctl.store.put_job(rec)
+    c.down.add("n1")
+    c.set(1, state="PENDING", held=False, node_names=(), restarts=1)
+    ctl.cycle()
+    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
 
 

@@ -77,6 +77,7 @@ EXPECTED_JOBS = [
         submit_time=1795298857,
         start_time=1795298857,
         end_time=1826834857,
+        gpus_by_node=(2,),
     ),
     *(
         job(
@@ -106,6 +107,7 @@ EXPECTED_NODES = [
         gpus=4,
         gpus_used=2 if i == 1 else 0,
         reason="",
+        cpus_used=1 if i == 1 else 0,
     )
     for i in range(1, 5)
 ]
@@ -160,6 +162,10 @@ class RecordedSlurm(SlurmCLI):
 def test_cli_backend_reads_every_version(version: str) -> None:
     slurm = RecordedSlurm(version)
     assert slurm.jobs() == EXPECTED_JOBS
+    assert slurm.jobs("pool") == []  # none of them in a reservation: none parsed
+    doc = load(version, "squeue.json")
+    doc["jobs"][3]["resv_name"] = "pool"
+    assert [j.job_id for j in parse_squeue(doc, "pool")] == [4]
     assert slurm.nodes() == EXPECTED_NODES
     assert slurm.nodes() == EXPECTED_NODES
     node_calls = [a for a in slurm.argv if a[0] != "squeue"]

@@ -324,3 +324,59 @@ def test_sidecar_refuses_a_bad_configuration(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].endswith(
         " hpcorch-sidecar[?]: error: unknown signal 'BOGUS'"
     )
+
+
+LIGHTNING_LIKE = """
+import os, signal, subprocess, sys, time
+ck = sys.argv[1]
+state = {"usr1": False, "term": False}
+signal.signal(signal.SIGUSR1, lambda *a: state.update(usr1=True))
+signal.signal(signal.SIGTERM, lambda *a: state.update(term=True))
+for step in range(1, 100000):
+    print(f"step {step}/100000", flush=True)
+    time.sleep(0.02)
+    if state["usr1"]:  # Lightning: save hpc_ckpt, `scontrol requeue`, and train on
+        state["usr1"] = False
+        open(os.path.join(ck, f"hpc_ckpt_{step}.ckpt"), "w").write(str(step))
+        subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=True)
+    if state["term"]:  # Slurm's requeue ends the job with SIGTERM
+        sys.exit(1)
+"""
+
+
+def test_sidecar_stops_a_script_that_asked_to_be_requeued(tmp_path: Path) -> None:
+    """Under the controller, Lightning's `scontrol requeue` on its signal becomes a relaunch
+    request; Lightning trains on after it (Slurm would end the job), so the sidecar stops
+    it with SIGTERM as Slurm would, instead of waiting for the grace period and killing it.
+    The shim works on a node without Slurm's scontrol too."""
+    script = tmp_path / "l.py"
+    script.write_text(LIGHTNING_LIKE)
+    (tmp_path / "ck").mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCORCH_"))} | {
+        "PATH": os.path.dirname(sys.executable) + ":/bin:/usr/bin",  # no Slurm here
+        "HPCORCH_JOB_DIR": str(tmp_path / "job"),
+        "HPCORCH_STOP_SIGNAL": "USR1",
+        "HPCORCH_STOP_GRACE": "30",
+        "HPCORCH_SCRIPT_CKPT_DIR": str(tmp_path / "ck"),
+        "HPCORCH_PROGRESS_REGEX": r"step (\d+)/(\d+)",
+        "HPCORCH_METRICS_INTERVAL": "0.2",
+        "HPCORCH_CONTROLLED": "1",
+    }
+    # `env VAR=...` stands in for srun: it gives the task its job id
+    launcher = ["env", "SLURM_JOB_ID=4242"]
+    cmd = [sys.executable, "-m", "hpcorch.sidecar", str(len(launcher)), *launcher]
+    proc = subprocess.Popen(
+        [*cmd, sys.executable, str(script), str(tmp_path / "ck")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    _wait_steps(tmp_path)
+    t0 = time.time()
+    proc.send_signal(signal.SIGUSR2)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == EXIT_RELAUNCH, err
+    assert time.time() - t0 < 15  # not the 30 s grace
+    assert (tmp_path / "job" / "requeue-requested").exists()
+    assert "asked to be requeued: SIGTERM" in err
+    stop = [e for e in _events(tmp_path) if e["event"] == "stop"][-1]
+    assert stop["graceful"] is True and str(stop["checkpoint"]).endswith(".ckpt")
+    assert stop["lost_steps_estimate"] <= 25  # the steps of one poll of the sidecar (0.2 s)

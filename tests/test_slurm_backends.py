@@ -51,6 +51,8 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
     cli = RecordingCLI()
     cli.set_shape(12, 2, 4, ["n1", "n2"])
     cli.set_shape(12, 1, 2)
+    cli.set_shape(12, 2, 4, ["n3", "n1"], cpus_per_gpu=2, per_node=[4, 2])
+    cli.set_shape(12, 2, 2, ["n1", "n2"], cpus_per_gpu=3, per_node=[2, 2])
     cli.start_now(12)
     cli.set_comment(12, "hpcorch:id=a b,min=1")
     cli.hold(12)
@@ -59,10 +61,17 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
     cli.create_reservation("pool", "n[1-4]", "alice", "gpu")
     cli.cancel(12, signal="USR2", batch_only=True)
     assert cli.argv == [
-        ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerNode=gres:gpu:4",
+        ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerJob=",
+         "TresPerNode=gres:gpu:4", "ReqNodeList=n1,n2"],
+        ["scontrol", "update", "jobid=12", "NumNodes=1-1", "TresPerJob=",
+         "TresPerNode=gres:gpu:2", "ReqNodeList="],
+        # uneven: one GPU count for the job on exactly these nodes; its CPUs spread evenly
+        ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerNode=",
+         "TresPerJob=gres:gpu:6", "CpusPerTres=gres:gpu:2", "MinCPUsNode=6",
+         "ReqNodeList=n3,n1"],
+        ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerJob=",
+         "TresPerNode=gres:gpu:2", "CpusPerTres=gres:gpu:3", "MinCPUsNode=6",
          "ReqNodeList=n1,n2"],
-        ["scontrol", "update", "jobid=12", "NumNodes=1-1", "TresPerNode=gres:gpu:2",
-         "ReqNodeList="],
         ["scontrol", "update", "jobid=12", "StartTime=now"],
         ["scontrol", "update", "jobid=12", "Comment=hpcorch:id=a b,min=1"],
         ["scontrol", "hold", "12"],

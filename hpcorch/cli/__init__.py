@@ -4,10 +4,13 @@ when its command runs: ``hpcorch submit`` does not pay for the simulator's impor
 from __future__ import annotations
 
 import importlib
+import os
+from typing import Any
 
 import click
 
 from hpcorch import __version__
+from hpcorch.errors import HpcorchError
 
 COMMANDS = {
     "submit": "hpcorch.cli.jobs:submit",
@@ -34,6 +37,29 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module), attr)
         assert isinstance(command, click.Command)
         return command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; an error no command turned into a message still ends in one
+        ``Error:`` line, not a traceback (HPCORCH_DEBUG=1 shows the traceback)."""
+        try:
+            return super().invoke(ctx)
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except HpcorchError as exc:
+            raise click.ClickException(str(exc)) from None
+        except OSError as exc:
+            if os.environ.get("HPCORCH_DEBUG"):
+                raise
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from None
+        except Exception as exc:
+            if os.environ.get("HPCORCH_DEBUG"):
+                raise
+            text = str(exc).splitlines()[0] if str(exc) else ""
+            raise click.ClickException(
+                f"internal error ({type(exc).__name__}: {text[:200]}); please report it "
+                "(HPCORCH_DEBUG=1 shows where)"
+            ) from None
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

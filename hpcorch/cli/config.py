@@ -15,6 +15,8 @@ from typing import Any, TypeVar
 
 import click
 
+from hpcorch.cli import params
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 NOT_IN_FILE = frozenset({"config", "help", "once"})
@@ -79,7 +81,7 @@ def config_option(envvar: str) -> Callable[[F], F]:
 
     return click.option(
         "--config",
-        type=click.Path(dir_okay=False),
+        type=params.PathType(dir_okay=False),
         envvar=envvar,
         is_eager=True,
         expose_value=False,

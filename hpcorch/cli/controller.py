@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from hpcorch import logsetup
+from hpcorch.cli import params
 from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import Settings
@@ -35,15 +36,21 @@ from hpcorch.status import fmt_duration, render_table
 state_dir_option = click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="Controller state directory [default: $HPCORCH_HOME/controller].",
 )
 
 
 @contextmanager
 def _lock(directory: Path) -> Iterator[None]:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o750)
     path = directory / "controller.lock"
-    fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o750)
+        fh = open(path, "a+")  # noqa: SIM115 (held for the controller's lifetime)
+    except OSError as exc:
+        raise click.ClickException(
+            f"cannot use {exc.filename or path} as the controller's state: {exc.strerror}"
+        ) from None
     try:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -68,11 +75,16 @@ def _lock(directory: Path) -> Iterator[None]:
     "--reservation",
     default="hpcorch",
     show_default=True,
+    type=params.Name(),
     help="The Slurm reservation that is the pool (created if missing).",
 )
-@click.option("--nodes", help="Nodes for a new reservation [default: the partition's].")
-@click.option("--users", help="Users of a new reservation [default: you].")
-@click.option("--partition", help="Partition of a new reservation.")
+@click.option(
+    "--nodes",
+    type=params.NameList(hostlist=True),
+    help="Nodes for a new reservation, e.g. n[1-4] [default: the partition's].",
+)
+@click.option("--users", type=params.NameList(), help="Users of a new reservation [default: you].")
+@click.option("--partition", type=params.Name(), help="Partition of a new reservation.")
 @click.option(
     "--policy",
     type=click.Choice(sorted(POLICIES)),
@@ -82,48 +94,64 @@ def _lock(directory: Path) -> Iterator[None]:
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 3600.0),
     default=10.0,
     show_default=True,
     help="Seconds between cycles.",
 )
 @click.option(
+    "--fast-interval",
+    type=params.Number(0.05, 60.0),
+    default=0.25,
+    show_default=True,
+    help="Seconds between cycles while a job is starting or stopping.",
+)
+@click.option(
+    "--max-calls",
+    type=params.Number(0.1, 1000.0),
+    default=8.0,
+    show_default=True,
+    help="Slurm calls per second the fast cycles make at most.",
+)
+@click.option(
     "--round",
     "round_s",
-    type=click.FloatRange(min=0.1),
+    type=params.Number(0.1, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds between scheduling rounds.",
 )
 @click.option(
     "--restart-cost",
-    type=click.FloatRange(min=0),
+    type=params.Number(0.0, 86400.0),
     default=30.0,
     show_default=True,
     help="Seconds a resize costs a job, as the policy assumes.",
 )
 @click.option(
     "--grace",
-    type=click.FloatRange(min=1),
+    type=params.Number(1.0, 86400.0),
     default=120.0,
     show_default=True,
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
 @click.option(
     "--max-retries",
-    type=click.IntRange(min=0),
+    type=params.Integer(0, 1000),
     default=2,
     show_default=True,
     help="Relaunches of a failed job (from its last checkpoint) before it is left failed.",
 )
 @click.option(
     "--min-run",
-    type=click.FloatRange(min=0),
+    type=params.Number(0.0, 86400.0),
     default=60.0,
     show_default=True,
     help="Seconds a launch runs before it may be resized.",
 )
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed of the policy.")
+@click.option(
+    "--seed", type=params.SEED, default=0, show_default=True, help="Random seed of the policy."
+)
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @state_dir_option
 @click.option(
@@ -148,6 +176,8 @@ def controller(
     partition: str | None,
     policy: str,
     interval: float,
+    fast_interval: float,
+    max_calls: float,
     round_s: float,
     restart_cost: float,
     grace: float,
@@ -187,6 +217,8 @@ def controller(
         )
         config = LoopConfig(
             interval_s=interval,
+            fast_interval_s=fast_interval,
+            max_calls_per_s=max_calls,
             round_s=round_s,
             restart_cost_s=restart_cost,
             settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),
@@ -208,14 +240,20 @@ def controller(
 
 
 def _open_store(state_dir: str | None) -> Store:
+    path = controller_dir(state_dir) / STATE_DB
+    if path.exists() and not os.access(path, os.R_OK):
+        raise click.ClickException(
+            f"cannot read the controller's state {path}: permission denied (ask the site for "
+            "read access, e.g. the controller's group)"
+        )
     try:
-        return Store(controller_dir(state_dir) / STATE_DB, readonly=True)
+        return Store(path, readonly=True)
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
+@click.argument("job_id", type=params.JOB_ID)
 @state_dir_option
 def describe(job_id: int, state_dir: str | None) -> None:
     """One job's plans, resizes and throughput by GPU count."""
@@ -321,8 +359,8 @@ def _clock(t: float) -> str:
 
 
 @click.command()
-@click.argument("job_id", type=click.IntRange(min=1))
-@click.option("--gpus", type=click.IntRange(min=1), help="Pin the job to this many GPUs.")
+@click.argument("job_id", type=params.JOB_ID)
+@click.option("--gpus", type=params.GPUS, help="Pin the job to this many GPUs.")
 @click.option("--auto", is_flag=True, help="Remove a pin: the policy decides again.")
 def resize(job_id: int, gpus: int | None, auto: bool) -> None:
     """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
@@ -356,10 +394,14 @@ def resize(job_id: int, gpus: int | None, auto: bool) -> None:
 
 
 @click.command()
+@click.option("--listen", type=params.Integer(1, 65535), help="Serve them on this port instead.")
 @click.option(
-    "--listen", type=click.IntRange(min=1, max=65535), help="Serve them on this port instead."
+    "--address",
+    default="127.0.0.1",
+    show_default=True,
+    type=params.Address(),
+    help="Address to serve them on.",
 )
-@click.option("--address", default="127.0.0.1", show_default=True, help="Address to serve them on.")
 @state_dir_option
 def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
     """Prometheus metrics: print once, or serve them with --listen PORT (needs

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.errors import HpcorchError
 from hpcorch.request import RequestError, build_request, sidecar_spec
 from hpcorch.slurm.factory import make_backend
@@ -30,16 +31,20 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
             help="managed: the script uses hpcorch.runtime; sidecar: hpcorch stops and "
             "restarts it; auto: managed if the script imports hpcorch.runtime.",
         ),
-        click.option("--stop-signal", help="Sidecar: signal that stops the script [TERM]."),
+        click.option(
+            "--stop-signal",
+            type=params.SIGNAL,
+            help="Sidecar: signal that stops the script [TERM].",
+        ),
         click.option("--stop-command", help="Sidecar: shell command that stops the script."),
         click.option(
             "--grace",
-            type=click.IntRange(min=0),
+            type=params.Integer(0, 7 * 86400),
             help="Sidecar: seconds the script has to exit before it is killed [60].",
         ),
         click.option(
             "--ckpt-dir",
-            type=click.Path(file_okay=False),
+            type=params.PathType(file_okay=False),
             help="Sidecar: where the script writes its checkpoints.",
         ),
         click.option(
@@ -56,8 +61,15 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--progress-file",
-            type=click.Path(dir_okay=False),
+            type=params.PathType(dir_okay=False),
             help='Sidecar: JSON-lines file the script writes, e.g. {"step": 10, "total": 900}.',
+        ),
+        click.option(
+            "--live-batch",
+            is_flag=True,
+            default=None,
+            help="Sidecar: the script takes a new global batch while it runs, from the file "
+            "$HPCORCH_BATCH_FILE names (else a batch change waits for a relaunch).",
         ),
     ]
     for opt in reversed(opts):
@@ -94,52 +106,58 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("script", type=click.Path(exists=True, dir_okay=False))
+@click.argument("script", type=params.PathType(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-@click.option(
-    "--min-gpus", type=click.IntRange(min=1, max=1_000_000), help="Fewest GPUs (required)."
-)
-@click.option(
-    "--max-gpus", type=click.IntRange(min=1, max=1_000_000), help="Most GPUs [default: min]."
-)
+@click.option("--min-gpus", type=params.Integer(1, 1_000_000), help="Fewest GPUs (required).")
+@click.option("--max-gpus", type=params.Integer(1, 1_000_000), help="Most GPUs [default: min].")
 @click.option(
     "--batch-size",
-    type=click.IntRange(min=1, max=1_000_000),
+    type=params.Integer(1, 1_000_000),
     help="Global batch size to start with.",
 )
-@click.option(
-    "--max-batch-size", type=click.IntRange(min=1, max=1_000_000), help="Largest global batch."
-)
+@click.option("--max-batch-size", type=params.Integer(1, 1_000_000), help="Largest global batch.")
 @click.option(
     "--time",
     "-t",
     "time_limit",
+    type=params.DURATION,
     help="Time limit of each launch, e.g. 2:00:00, 1-12 or UNLIMITED [$SBATCH_TIMELIMIT].",
 )
 @click.option(
     "--time-total",
+    type=params.DURATION,
     help="Run time across all launches (relaunches included), e.g. 3-00:00:00 [default: no total].",
 )
 @click.option(
     "--max-relaunches",
     help="Relaunches after the job checkpointed at its time limit, or UNLIMITED [3].",
 )
-@click.option("--partition", "-p", help="Slurm partition [$SBATCH_PARTITION, else Slurm's].")
-@click.option("--name", "-J", help="Job name [default: the script's name].")
 @click.option(
-    "--cpus-per-gpu", type=click.IntRange(min=1, max=1_000_000), help="CPUs per GPU task."
+    "--partition",
+    "-p",
+    type=params.Name("partition"),
+    help="Slurm partition [$SBATCH_PARTITION, else Slurm's].",
 )
 @click.option(
+    "--name", "-J", type=params.Name("job name"), help="Job name [default: the script's name]."
+)
+@click.option("--cpus-per-gpu", type=params.Integer(1, 1_000_000), help="CPUs per GPU task.")
+@click.option(
     "--max-per-gpu-batch",
-    type=click.IntRange(min=1, max=1_000_000),
+    type=params.Integer(1, 1_000_000),
     help="Largest per-GPU micro-batch that fits in memory.",
 )
 @click.option(
     "--pool",
     envvar="HPCORCH_POOL",
+    type=params.Name("pool name"),
     help="The controller's pool (reservation) [default: $HPCORCH_POOL; none: straight to Slurm].",
 )
-@click.option("--app", help="Application name; jobs of one application share a model.")
+@click.option(
+    "--app",
+    type=params.Name("application name"),
+    help="Application name; jobs of one application share a model.",
+)
 @slurm_options
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
@@ -184,6 +202,7 @@ def submit(
         "resume_cmd",
         "progress_regex",
         "progress_file",
+        "live_batch",
     )
     try:
         sidecar = sidecar_spec(**{k: options.pop(k) for k in sidecar_keys})

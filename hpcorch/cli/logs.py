@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.cli.argtypes import JOB_ID
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import (
@@ -39,18 +40,18 @@ def _write(data: bytes) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends for good.")
 @click.option(
     "--launch",
-    type=click.IntRange(min=0, max=1_000_000),
+    type=params.Integer(0, 1_000_000),
     help="Only this launch (0: the first; with -f: from it on).",
 )
 @click.option(
     "-n",
     "--lines",
-    type=click.IntRange(min=0, max=10_000_000),
+    type=params.Integer(0, 10_000_000),
     help="Only the last N lines (before following).",
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.1, max=60),
+    type=params.Number(0.1, 60.0),
     default=1.0,
     show_default=True,
     help="Seconds between checks when following.",

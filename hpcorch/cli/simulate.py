@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import loop
 from hpcorch.sim.controlled import simulate_controlled
@@ -39,10 +40,10 @@ def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[s
         app, sep, text = value.partition("=")
         app = app.strip()
         try:
-            seconds = float(text)
-        except ValueError:
+            seconds = params.Number(0.0, 3600.0).convert(text, None, None)
+        except click.BadParameter:
             seconds = -1.0
-        if not sep or seconds < 0 or seconds != seconds:
+        if not sep or seconds < 0:
             raise click.BadParameter(
                 f"{value!r} is not APP=SECONDS (e.g. cifar10=0.002)", param_hint="--cpu-demand"
             )
@@ -74,7 +75,7 @@ def _workload_path(value: Path, data: Path) -> Path:
     "workloads",
     nargs=-1,
     required=True,
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
 )
 @click.option(
     "--policy",
@@ -87,14 +88,14 @@ def _workload_path(value: Path, data: Path) -> Path:
     "--nodes",
     default=16,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=params.Integer(1, 100_000),
     help="Nodes of the simulated cluster.",
 )
 @click.option(
     "--gpus-per-node",
     default=4,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=params.Integer(1, 64),
     help="GPUs on each simulated node.",
 )
 @click.option(
@@ -102,21 +103,21 @@ def _workload_path(value: Path, data: Path) -> Path:
     "round_s",
     default=60.0,
     show_default=True,
-    type=click.FloatRange(min=1.0),
+    type=params.Number(1.0, 86400.0),
     help="Seconds between scheduling rounds.",
 )
 @click.option(
     "--restart-cost",
     default=30.0,
     show_default=True,
-    type=click.FloatRange(min=0.0),
+    type=params.Number(0.0, 86400.0),
     help="Seconds without progress after a job's GPUs or placement change.",
 )
 @click.option(
     "--cpus-per-node",
     default=48,
     show_default=True,
-    type=click.IntRange(min=1),
+    type=params.Integer(1, 4096),
     help="CPUs per node, shared by the data loaders of the jobs on it.",
 )
 @click.option(
@@ -130,13 +131,15 @@ def _workload_path(value: Path, data: Path) -> Path:
     "--cpus-per-gpu",
     default=0,
     show_default=True,
-    type=click.IntRange(min=0),
+    type=params.Integer(0, 1024),
     help="Give every job this many CPUs per GPU instead of the policy's choice (0: policy).",
 )
-@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the policies.")
+@click.option(
+    "--seed", default=0, show_default=True, type=params.SEED, help="Seed of the policies."
+)
 @click.option(
     "--data",
-    type=click.Path(path_type=Path, file_okay=False),
+    type=params.PathType(path_type=Path, file_okay=False),
     default=None,
     help="Trace data directory [default: $HPCORCH_POLLUX_DATA, else the Pollux artifact's "
     "data bundled with hpcorch].",
@@ -167,13 +170,13 @@ def _workload_path(value: Path, data: Path) -> Path:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
     help="Write a PNG: JCT CDF per policy and GPUs in use over time.",
 )
 @click.option(
     "--per-job",
-    type=click.Path(path_type=Path, dir_okay=False),
+    type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
     help="Write per-job results (JCT, queueing delay, restarts) to this CSV file.",
 )

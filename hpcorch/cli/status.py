@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 
 import click
 
+from hpcorch.cli import params
 from hpcorch.cli.argtypes import JOB_ID, JOB_ID_LIST, NAME_LIST, flatten
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
@@ -99,10 +100,11 @@ def _check_phases(phases: tuple[str, ...]) -> tuple[str, ...]:
     help="Columns: squeue's %-format ('%.8i %j %T %M') or field names "
     "('jobid,name,phase,gpus'); implies no pool section.",
 )
-@click.option("--watch", type=click.FloatRange(min=0.5, max=86400), help="Refresh every N seconds.")
+@click.option("--watch", type=params.Number(0.5, 86400.0), help="Refresh every N seconds.")
 @click.option(
     "--state-dir",
     envvar="HPCORCH_CONTROLLER_DIR",
+    type=params.StateDir(),
     help="The controller's state directory, for its view of the jobs.",
 )
 def status(

@@ -29,17 +29,25 @@ from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3}
+ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
 
 
 @dataclass(frozen=True)
 class LoopConfig:
     interval_s: float = 10.0
     """Seconds between cycles."""
-    fast_interval_s: float = 1.0
+    fast_interval_s: float = 0.25
     """Seconds between cycles while a transition is in flight (a job starting or
     stopping): the controller acts on a checkpoint exit or a start as soon as Slurm shows
-    it, not at the next full cycle."""
+    it, not at the next full cycle. These fast cycles observe and move the state machines;
+    they read the metrics of jobs in transition only (every job's at least every
+    ``interval_s``)."""
+    max_calls_per_s: float = 8.0
+    """Slurm calls per second the fast cycles may make at most (0: no bound): a cycle
+    that made n calls is followed by at least n / max_calls_per_s seconds."""
+    fast_for_s: float = 300.0
+    """A transition is polled fast for at most this long (a job left pending by Slurm
+    for longer is looked at every ``interval_s``)."""
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     restart_cost_s: float = 30.0
@@ -93,11 +101,19 @@ class Controller:
         self.last_decision_s = 0.0
         self.history: list[CompletedJob] = []
         self._history_ids: set[int] = set()
+        self._flight: bool | None = None
+        """Whether the last cycle left a transition in flight (None: no cycle yet)."""
+        self._known: set[int] | None = None
+        """Slurm ids of the jobs in the store (read once, then kept up to date)."""
+        self._plan_batch: dict[int, int] = {}
+        """The global batch of the plan each running launch has (this controller's writes)."""
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
 
     # --- one cycle ----------------------------------------------------------------------
-    def cycle(self) -> CycleStats:
+    def cycle(self, full: bool = True) -> CycleStats:
+        """One cycle. ``full=False``: a fast cycle, which reads only the metrics of jobs in
+        transition (what moves their state machines)."""
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
@@ -115,12 +131,15 @@ class Controller:
             changed |= bool(out.events) and not rec.active
             self._events(rec, out.events)
         self._account(records, now)
-        samples = self._read_metrics(records)
+        self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
         if changed or now - self.last_round >= self.config.round_s:
+            samples = {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
             decision_s, acts = self._schedule(obs, records, samples, now)
             pending += acts
             self.last_round = now
+        claims = reconcile.start_claims(records, pool_nodes)
+        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         with self.store.transaction():
             for rec in records:
                 self.store.put_job(rec)
@@ -151,16 +170,23 @@ class Controller:
         ]
         self.store.set_meta("pool", json.dumps(pool))
         self.store.set_meta("reservation_end", repr(obs.pool_ends_at) if obs.pool_ends_at else "")
+        window = self.config.fast_for_s
+        self._flight = any(
+            r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
+        )
         return stats
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
-        new = [j for j in obs.jobs if self.store.job(j.slurm_id) is None]
+        if self._known is None:
+            self._known = self.store.job_ids()
+        new = [j for j in obs.jobs if j.slurm_id not in self._known]
         with self.store.transaction():
             for j in new:
                 rec = self._record(j, now)
                 self.store.put_job(rec)
                 self.log(f"job {j.slurm_id} ({j.name}, {j.user}) joined the pool: {rec.phase}")
+        self._known.update(j.slurm_id for j in new)
         return bool(new)
 
     def _record(self, j: ObservedJob, now: float) -> JobRecord:
@@ -220,7 +246,7 @@ class Controller:
                     rec.run_total_s += dt
         self.last_time = now
 
-    def _read_metrics(self, records: Sequence[JobRecord]) -> dict[int, list[Sample]]:
+    def _read_metrics(self, records: Sequence[JobRecord]) -> None:
         new: list[Sample] = []
         for rec in records:
             if rec.phase not in ("running", "stopping") or not rec.job_dir:
@@ -233,7 +259,6 @@ class Controller:
         if new:
             with self.store.transaction():
                 self.store.add_samples(new)
-        return {r.slurm_id: self.store.samples(r.slurm_id)[-200:] for r in records}
 
     def _digest(self, rec: JobRecord, line: dict[str, Any]) -> Sample | None:
         event = line.get("event")
@@ -378,6 +403,7 @@ class Controller:
             gpus = jp.gpus if jp else 0
             if jp is not None:
                 rec.target_batch = jp.global_batch
+            live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
             out = reconcile.decide(
                 rec,
                 gpus,
@@ -386,12 +412,31 @@ class Controller:
                 pool_nodes,
                 self.config.settings,
                 jp.cpus_per_gpu if jp else 0,
+                self._plan_batch.get(rec.slurm_id, 0),
+                live and bool(rec.job_dir),
             )
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)
         return decision_s, acts
 
     # --- carrying out ---------------------------------------------------------------------
+    def _must_wait(
+        self,
+        rec: JobRecord,
+        a: Action,
+        obs: Observation,
+        now: float,
+        claims: Mapping[int, Mapping[str, int]],
+    ) -> bool:
+        """A start that must wait (reconcile.start_wait) stays held in phase starting;
+        it is tried again every cycle."""
+        if a.kind != "start" or a.shape is None:
+            return False
+        why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+        if why:
+            rec.reason = why
+        return bool(why)
+
     def _intent(self, rec: JobRecord, a: Action) -> int:
         to = a.shape.gpus if a.shape else rec.target_gpus
         return self.store.add_decision(
@@ -402,18 +447,35 @@ class Controller:
         try:
             if a.kind == "start":
                 assert a.shape is not None
+                batch = max(rec.target_batch or rec.batch, a.shape.gpus)
                 if rec.job_dir:
                     self.cluster.write_plan(
                         rec.job_dir,
                         LaunchPlan(
-                            global_batch=max(rec.target_batch or rec.batch, a.shape.gpus),
+                            global_batch=batch,
                             gpus=a.shape.gpus,
                             max_micro_batch=max(1, rec.max_micro),
                             job=rec.job_key,
                             launch=rec.launches,
+                            placement=tuple(
+                                zip(a.shape.node_names, a.shape.per_node, strict=False)
+                            ),
                         ),
                     )
                 self.cluster.start(rec.slurm_id, a.shape)
+                self._plan_batch[rec.slurm_id] = batch
+            elif a.kind == "rebatch":  # same launch, same GPUs: no Slurm call
+                self.cluster.write_plan(
+                    rec.job_dir,
+                    LaunchPlan(
+                        global_batch=rec.target_batch,
+                        gpus=rec.gpus,
+                        max_micro_batch=max(1, rec.max_micro),
+                        job=rec.job_key,
+                        launch=max(0, rec.launches - 1),
+                    ),
+                )
+                self._plan_batch[rec.slurm_id] = rec.target_batch
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
@@ -427,25 +489,52 @@ class Controller:
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
-        """A transition is under way: some job is starting or stopping."""
-        return any(r.phase in ("starting", "stopping") for r in self.store.jobs(active_only=True))
+        """A transition is under way: some job is starting or stopping (for at most
+        ``fast_for_s``)."""
+        if self._flight is None:
+            now = self.cluster.now()
+            return any(
+                r.phase in ("starting", "stopping") and now - r.phase_since < self.config.fast_for_s
+                for r in self.store.jobs(active_only=True)
+            )
+        return self._flight
 
-    def next_interval(self) -> float:
-        """Seconds to the next cycle: short while a transition is in flight."""
-        if self.in_flight():
-            return min(self.config.fast_interval_s, self.config.interval_s)
-        return self.config.interval_s
+    def next_interval(self, calls: int = 0) -> float:
+        """Seconds to the next cycle: short while a transition is in flight, but no more
+        than ``max_calls_per_s`` Slurm calls a second (``calls``: the last cycle's)."""
+        if not self.in_flight():
+            return self.config.interval_s
+        fast = min(self.config.fast_interval_s, self.config.interval_s)
+        if self.config.max_calls_per_s > 0:
+            fast = max(fast, calls / self.config.max_calls_per_s)
+        return fast
 
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
+        """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
+        between while a transition is in flight."""
         backoff = self.config.interval_s
+        last_full = -1e18
+        clock = self.cluster.now
         while not should_stop():
-            t0 = time.monotonic()
+            t0 = clock()
+            full = t0 - last_full >= self.config.interval_s
             try:
-                self.cycle()
+                stats = self.cycle(full=full)
                 backoff = self.config.interval_s
             except HpcorchError as exc:
                 self.warn(f"cycle failed, retrying in {backoff:.0f} s: {exc}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue
-            sleep(max(0.0, self.next_interval() - (time.monotonic() - t0)))
+            if full:
+                last_full = t0
+            wait = self.next_interval(stats.slurm_calls)
+            if not self.in_flight():  # the next full cycle is due interval_s after this one
+                wait = max(0.0, last_full + self.config.interval_s - t0)
+            sleep(max(0.0, wait - (clock() - t0)))
+
+
+def _in_transition(rec: JobRecord) -> bool:
+    """A job whose reports move its state machine: starting, stopping, or running but not
+    yet reported its start (it cannot be signalled before)."""
+    return rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready)

@@ -19,9 +19,11 @@ reports, so a controller killed between two actions continues where it stopped.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from hpcorch.cluster import ObservedJob, Shape
+from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
 from hpcorch.controller.store import JobRecord
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
 from hpcorch.timefmt import fmt_duration
@@ -40,16 +42,25 @@ class Settings:
     startup_s: float = 600.0
     """A launch that has not reported its start is left alone this long (it could not
     checkpoint yet: a signal would kill it); after that it is treated as started."""
-    relaunch_delay_s: float = 2.0
-    """Seconds between the end of a run and its relaunch: slurmd refuses a job id's new
-    launch on a node while the last run's credential is being revoked."""
+    relaunch_delay_s: float = 1.0
+    """A relaunch (after a run ended) is released this many seconds after the start of
+    the whole second in which the controller saw the run end; the requeue happens at
+    once. slurmd refuses a job id's new launch whose credential was made in the second
+    it revoked the last run's credential, or earlier ("Job credential revoked"); it
+    revokes it before Slurm shows the run as ended, so the next whole second is safe
+    (local pool: a release 0.55 s after the end's second was refused, 1.03 s after ran)."""
+    exact_wait_s: float = 10.0
+    """How long an uneven launch whose planned GPUs are free waits for its nodes' other
+    free GPUs to be taken before it goes with the split Slurm picks (:func:`launch_wait`)."""
 
 
 @dataclass(frozen=True)
 class Action:
-    """One thing to ask of the cluster. ``kind``: start, hold, signal, requeue_hold."""
+    """One thing to ask of the cluster."""
 
     kind: str
+    """start, hold, signal, requeue_hold, or rebatch (a running job's plan rewritten with
+    its own launch number: a new global batch at its next step, no restart)."""
     slurm_id: int
     shape: Shape | None = None
     reason: str = ""
@@ -71,18 +82,95 @@ def _set_phase(rec: JobRecord, phase: str, now: float, reason: str | None = None
 
 
 def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
-    """The launch shape for the record's target: the planned nodes when even, else the
-    fewest even nodes for Slurm to choose."""
+    """The launch shape for the record's target: exactly the planned placement (its GPUs on
+    each planned node, the nodes in rank order) when it is known and every planned node
+    exists; else the fewest even nodes for Slurm to choose."""
     placement = rec.placement()
-    counts = set(placement.values())
-    if placement and len(counts) == 1 and all(0 <= i < len(pool_nodes) for i in placement):
-        names = tuple(pool_nodes[i] for i in sorted(placement))
-        return Shape(len(names), counts.pop(), names, rec.target_cpus)
+    if placement and all(0 <= i < len(pool_nodes) for i in placement):
+        names = tuple(pool_nodes[i] for i in placement)
+        counts = tuple(placement.values())
+        return Shape(len(names), max(counts), names, rec.target_cpus, counts)
     per_node = max(placement.values()) if placement else rec.target_gpus
     for nodes in range(1, rec.target_gpus + 1):
         if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
             return Shape(nodes, rec.target_gpus // nodes, (), rec.target_cpus)
     return Shape(rec.target_gpus, 1, (), rec.target_cpus)
+
+
+def start_claims(
+    records: Sequence[JobRecord], pool_nodes: tuple[str, ...]
+) -> dict[int, dict[str, int]]:
+    """The GPUs each starting job is to take on each node, where its plan names them."""
+    out: dict[int, dict[str, int]] = {}
+    for r in records:
+        if r.phase == "starting" and r.target_gpus > 0:
+            shape = target_shape(r, pool_nodes)
+            if shape.per_node:
+                out[r.slurm_id] = dict(zip(shape.node_names, shape.per_node, strict=True))
+    return out
+
+
+def start_wait(
+    rec: JobRecord,
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    now: float,
+    s: Settings,
+    claims: Mapping[int, Mapping[str, int]] | None = None,
+) -> str:
+    """Why a start must wait ('' = go now): a relaunch until the second after its last
+    run was seen ending (``Settings.relaunch_delay_s``), an uneven shape until the free
+    GPUs leave its split (:func:`launch_wait`; ``claims``: :func:`start_claims`)."""
+    ran = rec.launches or rec.failures or rec.slurm_restarts  # a run ended before this start
+    if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
+        return "relaunching once slurmd has let go of the last run"
+    others: dict[str, int] = {}
+    for sid, claim in (claims or {}).items():
+        for node, n in claim.items():
+            if sid != rec.slurm_id:
+                others[node] = others.get(node, 0) + n
+    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others)
+
+
+def launch_wait(
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    waited_s: float = 0.0,
+    limit_s: float = 0.0,
+    claimed: Mapping[str, int] | None = None,
+) -> str:
+    """Why an uneven launch must wait before it is handed to the cluster ('' = go now).
+
+    An even shape is held to its count on every node by Slurm itself. An uneven one is
+    one GPU count on its nodes, which the cluster spreads by :func:`fill_gpus`; released
+    while its nodes' free GPUs allow another split, it would start at once with that
+    split (or before a stopping job has freed the planned GPUs). So it waits until the
+    free GPUs leave exactly the planned split. When the planned GPUs are free and the
+    nodes' other free GPUs are ones no other starting job is to take (``claimed``: GPUs
+    per node name; the plan leaves them idle), waiting cannot help: it goes with the split
+    the cluster chooses on the same nodes, as it does after ``limit_s`` (``waited_s`` so
+    far) in any case."""
+    if shape.even or len(shape.per_node) != len(shape.node_names):
+        return ""
+    order = {n.name: i for i, n in enumerate(nodes)}
+    free = {n.name: max(0, n.gpus - n.gpus_used) if n.usable else 0 for n in nodes}
+    mine = sorted(
+        zip(shape.node_names, shape.per_node, strict=True),
+        key=lambda p: order.get(p[0], len(order)),
+    )
+    have_free = [free.get(name, 0) for name, _ in mine]
+    planned = tuple(c for _, c in mine)
+    if fill_gpus(shape.gpus, have_free) == planned:
+        return ""
+    if all(f >= c for f, c in zip(have_free, planned, strict=True)):  # the planned GPUs are free
+        others = claimed or {}
+        if waited_s >= limit_s > 0 or not any(
+            f > c and others.get(name, 0) > 0 for (name, c), f in zip(mine, have_free, strict=True)
+        ):
+            return ""
+    have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
+    want = " ".join(f"{name}:{c}" for name, c in mine)
+    return f"waiting until the free GPUs ({have}) leave one split: {want}"
 
 
 def observe(
@@ -133,6 +221,7 @@ def _relaunch(
         _set_phase(rec, "starting", now, why)
     else:
         _set_phase(rec, "queued", now, why)
+    rec.phase_since = now  # when the end was seen: the relaunch waits from here
 
 
 def _ended(
@@ -143,8 +232,6 @@ def _ended(
     s: Settings,
     out: Outcome,
 ) -> None:
-    if job.end_time and now - job.end_time < s.relaunch_delay_s:
-        return  # relaunch at the next cycle
     rec.exit_code = job.exit_code
     if rec.budget_spent():
         _timeout(
@@ -217,7 +304,8 @@ def _pending(
         elif rec.phase == "running":
             _set_phase(rec, "queued", now, "held by its user or an admin")
         return
-    if rec.phase == "running":
+    # requeued by Slurm (a node failure), also while it was being stopped for a resize
+    if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
         _set_phase(rec, "starting", now, f"requeued by Slurm (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
         # its node list may name the failed node: let Slurm place it anywhere in the pool
@@ -268,6 +356,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)
+        rec.node_gpus = ",".join(str(n) for n in job.per_node)
     if rec.phase == "running" and rec.budget_spent():
         # the budget counts across launches: ask for a checkpoint, never relaunch after it
         rec.target_gpus = 0
@@ -301,9 +390,14 @@ def decide(
     pool_nodes: tuple[str, ...],
     s: Settings,
     cpus: int = 0,
+    plan_batch: int = 0,
+    live_batch: bool = False,
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
-    ``cpus``: CPUs per GPU of the target (0: as it is)."""
+    ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
+    the plan the running launch has (0: unknown: the batch it reports). A running job that
+    can take a new batch while it runs (``live_batch``) and is planned at its GPUs with
+    another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten."""
     out = Outcome()
     if rec.budget_spent():
         return out  # it ends at its next checkpoint (observe), never starts again
@@ -316,6 +410,20 @@ def decide(
         out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
         out.events.append(f"start: {target_gpus} GPUs")
         _set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
+    elif (
+        rec.phase == "running"
+        and live_batch
+        and rec.ready
+        and target_gpus == rec.gpus > 0
+        and not cpus_change
+        and rec.target_batch > 0
+        and rec.target_batch != (plan_batch or rec.global_batch or rec.batch)
+    ):
+        was = plan_batch or rec.global_batch or rec.batch
+        out.actions.append(
+            Action("rebatch", rec.slurm_id, reason=f"batch {was} -> {rec.target_batch}")
+        )
+        out.events.append(f"rebatch: global batch {was} -> {rec.target_batch}")
     elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
         if not rec.ready and now - rec.phase_since < s.startup_s:
             return out  # still starting up: it cannot checkpoint yet

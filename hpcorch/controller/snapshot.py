@@ -65,11 +65,14 @@ def noise_stats(samples: Sequence[Sample], init_batch: int) -> tuple[float, floa
 
 
 def placement_of(rec: JobRecord, pool_index: Mapping[str, int]) -> dict[int, int]:
+    """Where the job runs, as Slurm reports it: {node index: GPUs}, in rank order."""
     names = [n for n in rec.node_list.split(",") if n]
     if not names or not rec.gpus:
         return {}
-    per = rec.gpus // len(names)
-    return {pool_index[n]: per for n in names if n in pool_index}
+    counts = [int(c) for c in rec.node_gpus.split(",") if c.isdigit()]
+    if len(counts) != len(names):
+        counts = [rec.gpus // len(names)] * len(names)
+    return {pool_index[n]: c for n, c in zip(names, counts, strict=True) if n in pool_index}
 
 
 def job_view(

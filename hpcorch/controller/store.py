@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -45,7 +45,8 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "time_relaunches INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "run_total_s REAL NOT NULL DEFAULT 0"),
     ),
-    4: (
+    4: (("jobs", "node_gpus TEXT NOT NULL DEFAULT ''"),),
+    5: (
         ("jobs", "fingerprint TEXT NOT NULL DEFAULT ''"),
         ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
@@ -230,6 +231,10 @@ class JobRecord:
     model_bytes: int = 0
     """Gradient bytes per step the job's runtime reported (0: unknown)."""
 
+    node_gpus: str = ""
+    """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same
+    on every node."""
+
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
 
@@ -390,6 +395,10 @@ class Store:
             sql += f" WHERE phase IN ({','.join('?' * len(ACTIVE_PHASES))})"
         rows = self.db.execute(sql + " ORDER BY slurm_id", ACTIVE_PHASES if active_only else ())
         return [_job(r) for r in rows]
+
+    def job_ids(self) -> set[int]:
+        """The Slurm ids of every job the store knows."""
+        return {int(r[0]) for r in self.db.execute("SELECT slurm_id FROM jobs")}
 
     def job(self, slurm_id: int) -> JobRecord | None:
         r = self.db.execute("SELECT * FROM jobs WHERE slurm_id=?", (slurm_id,)).fetchone()

@@ -37,6 +37,16 @@ class CheckpointError(RuntimeError):
     """A checkpoint file cannot be used (truncated, wrong version, another job's)."""
 
 
+class CorruptCheckpoint(CheckpointError):
+    """A checkpoint file that cannot be read at all (truncated, damaged, vanished): an older
+    one may take its place."""
+
+
+CORRUPT_SUFFIX = ".corrupt"
+"""A damaged checkpoint skipped at resume is renamed with this suffix: kept for a person
+to look at, out of the way of the next resume and of pruning."""
+
+
 def checkpoint_path(directory: Path, step: int) -> Path:
     return directory / f"{CHECKPOINT_PREFIX}{step:09d}{CHECKPOINT_SUFFIX}"
 
@@ -94,6 +104,43 @@ def find_latest(directory: Path) -> Found:
     return Found(path, step, tuple(p for s, p in partial if s >= step))
 
 
+@dataclass
+class Resume:
+    """The checkpoint to resume from, after skipping damaged newer ones."""
+
+    path: Path | None
+    step: int
+    """The checkpoint's step; -1 when there is none."""
+    payload: dict[str, Any] | None
+    skipped: list[tuple[Path, str]]
+    """Damaged complete checkpoints newer than ``path``, with the reason each was skipped."""
+    torn: tuple[Path, ...]
+    """Incomplete files newer than ``path`` (their writer was killed)."""
+
+
+def choose_resume(directory: Path, job_id: str | None) -> Resume:
+    """The newest checkpoint that loads. A damaged (unreadable) one is skipped for the one
+    before it; any other problem (another job's, another version) raises CheckpointError,
+    and so does a directory whose every checkpoint is damaged: starting afresh would throw
+    the job's progress away without a word."""
+    complete, partial = scan(directory)
+    skipped: list[tuple[Path, str]] = []
+    for step, path in reversed(complete):
+        try:
+            payload = load(path, job_id)
+        except CorruptCheckpoint as exc:
+            skipped.append((path, str(exc)))
+            continue
+        torn = tuple(p for s, p in partial if s >= step)
+        return Resume(path, step, payload, skipped, torn)
+    if skipped:
+        raise CheckpointError(
+            f"no checkpoint of {directory} loads: {skipped[0][1]}"
+            + (f" (and {len(skipped) - 1} older ones)" if len(skipped) > 1 else "")
+        )
+    return Resume(None, -1, None, [], tuple(p for _, p in partial))
+
+
 def prune(directory: Path, keep: int, current: Path) -> None:
     """Delete all but the newest ``keep`` complete checkpoints and stale temp files."""
     complete, partial = scan(directory)
@@ -109,11 +156,11 @@ def load(path: Path, job_id: str | None) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} does not exist") from None
+        raise CorruptCheckpoint(f"checkpoint {path} does not exist") from None
     except Exception as e:  # torch raises many kinds for damaged files
         text = str(e).strip()
         first = text.splitlines()[0].split(". ")[0] if text else type(e).__name__
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupt ({first})") from e
+        raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt ({first})") from e
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not an hpcorch checkpoint")
     if payload.get("version") != CHECKPOINT_VERSION:

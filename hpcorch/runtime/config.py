@@ -57,6 +57,11 @@ class Settings:
     signals: tuple[signal.Signals, ...]
     checkpoint_interval: float
     metrics_interval: float
+    min_global_batch: int | None = None
+    max_global_batch: int | None = None
+    """Bounds on the global batch (a rewritten plan is clamped into them too)."""
+    plan_launch: int | None = None
+    """The launch number of the plan read (a rewritten plan for an older one is ignored)."""
 
 
 def parse_signals(spec: str) -> tuple[signal.Signals, ...]:
@@ -169,6 +174,9 @@ def resolve(
         metrics_interval=metrics_interval
         if metrics_interval is not None
         else _env_float(env, ENV_METRICS_INTERVAL, 5.0),
+        min_global_batch=lower,
+        max_global_batch=upper,
+        plan_launch=plan.launch if plan else None,
     )
 
 

@@ -24,17 +24,20 @@ from hpcorch.protocol import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_VERSION,
     ENV_CPUS_PER_GPU,
+    ENV_LAUNCH,
     EXIT_CONFIG,
-    EXIT_FAILED,
     EXIT_RELAUNCH,
     HEARTBEAT_FILE,
     METRICS_FILE,
 )
 from hpcorch.runtime import checkpoint as ckpt
+from hpcorch.runtime import rebatch
 from hpcorch.runtime.config import EARLY_SIGNAL, Settings
 from hpcorch.runtime.dist import DistInfo
+from hpcorch.runtime.fence import Fence, Gate
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.metrics import Heartbeat, MetricsWriter, process_age
+from hpcorch.runtime.resume import restore
 from hpcorch.runtime.sampler import ElasticSampler, StepLayout
 from hpcorch.runtime.step import Step
 
@@ -90,11 +93,23 @@ class ElasticJob:
         self._dataset_size = 0
         main = self.rank == 0
         jd = settings.job_dir
-        if main:
-            jd.mkdir(parents=True, exist_ok=True)
+        launch = os.environ.get(ENV_LAUNCH, "")
+        self.launch = int(launch) if launch.isascii() and launch.isdigit() else None
+        """This launch's generation (SLURM_RESTART_COUNT, from the wrapper)."""
+        # rank 0 writes, only while this launch owns the job directory (see fence.py)
+        fence = Fence(jd, os.environ.get("SLURM_JOB_ID") or None, self.launch)
+        self.gate = Gate(fence if main else None)
+        self._fence_checked = time.monotonic()
         self.checkpoint_dir = jd / CHECKPOINT_DIR
-        self.metrics = MetricsWriter(jd / METRICS_FILE if main else None, settings.metrics_interval)
-        self.heartbeat = Heartbeat(jd / HEARTBEAT_FILE if main else None)
+        self.metrics = MetricsWriter(
+            jd / METRICS_FILE if main else None,
+            settings.metrics_interval,
+            gate=self.gate,
+            launch=self.launch,
+        )
+        self.heartbeat = Heartbeat(
+            jd / HEARTBEAT_FILE if main else None, gate=self.gate, launch=self.launch
+        )
         for sig in settings.signals:
             signal.signal(sig, self._on_signal)
         self._signalled = EARLY_SIGNAL.pop("time", None)
@@ -103,17 +118,24 @@ class ElasticJob:
                 f"warning: the plan is for {settings.plan_gpus} GPUs but {self.world_size} "
                 f"ranks run; planning the batch for {self.world_size}"
             )
-        self._find_checkpoint()
+        self._batch = settings.batch
+        self._plan_watch = rebatch.PlanWatcher(settings.plan_path if main else None)
+        self._rebatched = False
+        restore(self)  # from the newest checkpoint that loads, if any (reads only)
+        if main:  # the first writes: a bad plan or checkpoint above left the directory as it was
+            self.gate.write(jd, lambda: jd.mkdir(parents=True, exist_ok=True))
+            self.heartbeat.beat(self.global_step, state="starting", force=True)
+        self._stop_on_failure()  # a full or read-only disk: every rank stops, one line
 
     # -- set-up -------------------------------------------------------------------------
     @property
     def batch(self) -> BatchPlan:
-        """Per-GPU micro-batch and accumulation of this launch."""
-        return self.settings.batch
+        """Per-GPU micro-batch and accumulation now (a rewritten plan changes them)."""
+        return self._batch
 
     @property
     def global_batch(self) -> int:
-        return self.settings.batch.global_batch
+        return self._batch.global_batch
 
     @property
     def cpus_per_gpu(self) -> int:
@@ -151,53 +173,37 @@ class ElasticJob:
         if self._signalled is None:
             self._signalled = time.time()
 
-    def _find_checkpoint(self) -> None:
-        found = ckpt.find_latest(self.checkpoint_dir)
-        if found.path is None:
-            if found.torn:
-                self.log(f"ignoring incomplete checkpoint {found.torn[-1].name}; starting afresh")
-            return
-        t0 = time.perf_counter()
-        try:
-            self._resume = ckpt.load(found.path, self.settings.job_id)
-        except ckpt.CheckpointError as e:
-            self.fail(str(e))
-        self.timings["checkpoint_load_seconds"] = round(time.perf_counter() - t0, 3)
-        r = self._resume
-        try:
-            self.global_step, self.epoch, self.offset = r["global_step"], r["epoch"], r["offset"]
-            self.seed, self.base_batch = r["seed"], r["lr"]["base_batch"]
-            self.state = dict(r["user"])
-            self.noise.load_state_dict(r["gns"])
-            self.progress = r["lr"]["progress"]
-            if r["plan"]["global_batch"] == self.global_batch:
-                self._prev_factor = r["lr"]["prev_factor"]
-                self._since_change = r["lr"]["since_change"]
-            else:  # a new batch size: warm up from the factor in effect when we stopped
-                self._prev_factor = r["lr"]["factor"]
-                self._since_change = 0
-            missing = [k for k in ("model", "optimizer", "rng", "dataset_size") if k not in r]
-            if missing:
-                raise KeyError(missing[0])
-        except (KeyError, TypeError) as e:
-            self.fail(f"checkpoint {found.path} lacks the field {e}")
-        if found.torn:
-            self.log(
-                f"checkpoint {found.torn[-1].name} is incomplete (its writer was killed); "
-                f"resuming from the previous good one, {found.path.name}"
-            )
-        else:
-            self.log(f"resuming from {found.path}")
+    def _stop_on_failure(self) -> None:
+        """Collective: stop every rank when rank 0 could not write (or was superseded)."""
+        code = float(self.gate.failure[0]) if self.gate.failure else 0.0
+        flag = torch.tensor([code], dtype=torch.float64, device=self.device)
+        dist.broadcast(flag, src=0)
+        if flag.item() > 0:
+            self._abort(int(flag.item()))
+
+    def _abort(self, code: int) -> NoReturn:
+        """Stop this launch without writing anything more: one line from rank 0."""
+        if self.is_main and self.gate.failure is not None:
+            logsetup.ensure("hpcorch").error("%s", self.gate.failure[1])
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if self.fast_exit:
+            os._exit(code)
+        raise SystemExit(code)
 
     def wrap(self, module: torch.nn.Module, **ddp_kwargs: Any) -> DistributedDataParallel:
-        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook)."""
+        """Move ``module`` to this rank's device and wrap it in DDP (with the noise hook when
+        there are several ranks)."""
         t0 = time.perf_counter()
         module = module.to(self.device)
         if self.device.type == "cuda":
             ddp_kwargs.setdefault("device_ids", [self.device])
         self._ddp = DistributedDataParallel(module, **ddp_kwargs)
-        # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
-        self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
+        if self.world_size > 1:  # the noise scale compares two batch sizes: one rank has one
+            # a lambda: DDP rejects hooks whose annotations are strings (postponed evaluation)
+            self._ddp.register_comm_hook(None, lambda state, bucket: self.noise.hook(state, bucket))
         self.timings["ddp_wrap_seconds"] = round(time.perf_counter() - t0, 3)
         return self._ddp
 
@@ -279,6 +285,7 @@ class ElasticJob:
         self._event_start(n, epochs)
         t_last = time.perf_counter()
         while self.epoch < epochs and (max_steps is None or self.global_step < max_steps):
+            self._rebatched = False  # (re)plan the rest of the epoch at the current batch
             layouts = list(sampler.steps(self.epoch, self.offset, self.batch, self.rank))
             loader = DataLoader(
                 dataset,
@@ -303,35 +310,48 @@ class ElasticJob:
                         f"step {self.global_step}: {step._done} of {len(layout.micro)} "
                         "micro-batches were processed; iterate the whole step"
                     )
-                t_now = time.perf_counter()
-                self._boundary(step, layout, epochs, max_steps, t_now - t_last)
+                self._boundary(step, layout, epochs, max_steps, t_last)
                 t_last = time.perf_counter()
-                if self.global_step == max_steps:
+                if self.global_step == max_steps or self._rebatched:
                     break
         self._finish()
 
     def _boundary(
-        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, seconds: float
+        self, step: Step, layout: StepLayout, epochs: int, max_steps: int | None, t_start: float
     ) -> None:
-        """Book-keeping after a step; the safe point where checkpoints happen."""
+        """Book-keeping after a step; the safe point where checkpoints happen.
+
+        The step's time runs from ``t_start`` to the end of this boundary's all-reduce: on a
+        GPU the training loop only queues its kernels, and the all-reduce (whose result is
+        read back here) is where this rank waits for them to finish."""
         local_sq, global_sq = self.noise.take()
+        if self.is_main and time.monotonic() - self._fence_checked >= 1.0:
+            self._fence_checked = time.monotonic()
+            self.gate.check()  # a newer launch took over: stop before the next write
         periodic = (
             self.is_main
             and self.settings.checkpoint_interval > 0
             and time.monotonic() - self._last_ckpt >= self.settings.checkpoint_interval
         )
+        micro, accum = rebatch.propose(self) if self.is_main else (0, 0)
         flags = torch.tensor(
             [
                 1.0 if self._signalled is not None else 0.0,
                 1.0 if periodic else 0.0,
                 float(local_sq) if local_sq is not None else 0.0,
                 float(step._loss),
+                float(self.gate.failure[0]) if self.gate.failure else 0.0,
+                float(micro),  # rank 0's proposal of a new split; 0 from the others
+                float(accum),
             ],
             dtype=torch.float64,
             device=self.device,
         )
         dist.all_reduce(flags)
-        stop, save, sum_local_sq, loss_sum = flags.tolist()
+        stop, save, sum_local_sq, loss_sum, failed, micro_f, accum_f = flags.tolist()
+        if failed > 0:  # only rank 0 writes: its exit code (storage, superseded) for all
+            self._abort(int(failed))
+        seconds = time.perf_counter() - t_start
         if layout.full and global_sq is not None and self.world_size > 1:
             self.noise.update(
                 sum_local_sq / self.world_size,
@@ -358,16 +378,28 @@ class ElasticJob:
             lr_factor=self.lr_factor,
             noise_scale=self.noise.value,
             progress=self.progress,
+            **self._memory(),
         )
         if not self._first_step_logged:
             self._first_step_logged = True
             self.metrics.event("first_step", step=self.global_step, since_start=process_age())
         self.heartbeat.beat(self.global_step)
+        if micro_f > 0 and not finished:
+            self._rebatched = rebatch.apply(self, int(micro_f), int(accum_f))
         if stop > 0 and not finished:
             self.checkpoint(reason="signal")
             self._exit(EXIT_RELAUNCH)
         if save > 0 and not finished:
             self.checkpoint(reason="periodic")
+
+    def _memory(self) -> dict[str, int | None]:
+        """Peak device memory of this rank so far (bytes; None on CPUs)."""
+        if self.device.type != "cuda":
+            return {"max_memory_allocated": None, "max_memory_reserved": None}
+        return {
+            "max_memory_allocated": torch.cuda.max_memory_allocated(self.device),
+            "max_memory_reserved": torch.cuda.max_memory_reserved(self.device),
+        }
 
     def _advance(self, layout: StepLayout) -> None:
         """Count a finished step: global step, data position, LR bookkeeping."""
@@ -385,6 +417,7 @@ class ElasticJob:
             dist.barrier()  # no rank leaves while another is still in a collective
         self.metrics.event("done", step=self.global_step)
         self.heartbeat.beat(self.global_step, state="done", force=True)
+        self._stop_on_failure()  # superseded or unwritten: the script writes no result
 
     # -- checkpoints -----------------------------------------------------------------------
     def checkpoint(self, reason: str = "request") -> None:
@@ -392,18 +425,15 @@ class ElasticJob:
         t0 = time.perf_counter()
         rngs: list[Any] = [None] * self.world_size
         dist.all_gather_object(rngs, ckpt.rng_state())
-        ok, size, path = 1.0, 0, ckpt.checkpoint_path(self.checkpoint_dir, self.global_step)
+        size, path = [0], ckpt.checkpoint_path(self.checkpoint_dir, self.global_step)
         if self.is_main:
-            try:
-                size = ckpt.save_atomic(self._payload(rngs), path)
+
+            def write() -> None:  # under the fence: a newer launch waits for it to end
+                size[0] = ckpt.save_atomic(self._payload(rngs), path)
                 ckpt.prune(self.checkpoint_dir, self.keep_checkpoints, path)
-            except OSError as e:
-                logsetup.ensure("hpcorch").error("cannot write checkpoint %s: %s", path, e)
-                ok = 0.0
-        status = torch.tensor([ok], dtype=torch.float64, device=self.device)
-        dist.broadcast(status, src=0)  # only rank 0 writes: its outcome is every rank's
-        if status.item() < 1:
-            self._exit(EXIT_FAILED)
+
+            self.gate.write(path, write)
+        self._stop_on_failure()  # only rank 0 writes: its outcome is every rank's
         self._last_ckpt = time.monotonic()
         written = time.time()
         self.metrics.event(
@@ -411,7 +441,7 @@ class ElasticJob:
             reason=reason,
             step=self.global_step,
             path=str(path),
-            bytes=size,
+            bytes=size[0],
             seconds=time.perf_counter() - t0,
             signal_time=self._signalled,
             written_time=written,

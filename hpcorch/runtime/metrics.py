@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcorch.protocol import TMP_SUFFIX
+from hpcorch.runtime.fence import Gate
 
 
 @dataclass
@@ -29,6 +30,10 @@ class MetricsWriter:
 
     path: Path | None
     interval: float = 5.0
+    gate: Gate = field(default_factory=Gate)
+    """Writes go through it: fenced, and a failing disk becomes one reason."""
+    launch: int | None = None
+    """This launch's generation, in every line (an older launch's lines can be told apart)."""
     _window: _Window = field(default_factory=_Window)
     _last: float = field(default_factory=time.monotonic)
     lines: int = 0
@@ -78,10 +83,18 @@ class MetricsWriter:
 
     def _append(self, line: dict[str, Any]) -> None:
         self.lines += 1
-        if self.path is None:
+        path = self.path
+        if path is None:
             return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(line, allow_nan=False, default=_plain) + "\n")
+        if self.launch is not None:
+            line["launch"] = self.launch
+        text = json.dumps(line, allow_nan=False, default=_plain) + "\n"
+
+        def append() -> None:
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(text)
+
+        self.gate.write(path, append)
 
 
 def process_age() -> float:
@@ -105,18 +118,35 @@ def _plain(x: Any) -> Any:
 class Heartbeat:
     """Rewrites a small JSON file (atomically) at most every ``interval`` seconds."""
 
-    def __init__(self, path: Path | None, interval: float = 10.0) -> None:
+    def __init__(
+        self,
+        path: Path | None,
+        interval: float = 10.0,
+        gate: Gate | None = None,
+        launch: int | None = None,
+    ) -> None:
         self.path = path
         self.interval = interval
+        self.gate = gate or Gate()
+        self.launch = launch
         self._last = -float("inf")
         self._host = socket.gethostname()
 
-    def beat(self, step: int, state: str = "running", force: bool = False) -> None:
+    def beat(self, step: int, state: str = "running", force: bool = False) -> bool:
+        """Write the heartbeat (when due); False when the write failed (see the gate)."""
         now = time.monotonic()
-        if self.path is None or (not force and now - self._last < self.interval):
-            return
+        path = self.path
+        if path is None or (not force and now - self._last < self.interval):
+            return True
         self._last = now
-        tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
-        body = {"time": time.time(), "step": step, "state": state, "pid": os.getpid()}
-        tmp.write_text(json.dumps({**body, "host": self._host}) + "\n", encoding="utf-8")
-        os.replace(tmp, self.path)
+        tmp = path.with_name(path.name + TMP_SUFFIX)
+        body: dict[str, Any] = {"time": time.time(), "step": step, "state": state}
+        body.update(pid=os.getpid(), host=self._host)
+        if self.launch is not None:
+            body["launch"] = self.launch
+
+        def replace() -> None:
+            tmp.write_text(json.dumps(body) + "\n", encoding="utf-8")
+            os.replace(tmp, path)
+
+        return self.gate.write(path, replace)

@@ -31,9 +31,12 @@ from hpcorch import logsetup
 from hpcorch.budget import record_relaunch
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
+    BATCH_FILE,
     ENV_ACCUM_STEPS,
+    ENV_BATCH_FILE,
     ENV_CPUS_PER_GPU,
     ENV_GLOBAL_BATCH,
+    ENV_JOB_ID,
     ENV_LAUNCH,
     ENV_PER_GPU_BATCH,
     ENV_PLAN,
@@ -44,6 +47,7 @@ from hpcorch.protocol import (
     REQUEUE_REQUEST_FILE,
     SIDECAR_STATE_FILE,
 )
+from hpcorch.sidecar.batch import LiveBatch
 from hpcorch.sidecar.config import (
     Checkpoint,
     Progress,
@@ -81,7 +85,19 @@ class Sidecar:
         self.job_id = os.environ.get("SLURM_JOB_ID", "")
         self.gpus = max(1, int(os.environ.get("WORLD_SIZE") or 1))
         self.env = dict(os.environ)
+        self.plan_launch: int | None = None
         self.global_batch, self.per_gpu = self._batch()
+        self.live = LiveBatch(
+            cfg.job_dir / BATCH_FILE,
+            self.env.get(ENV_PLAN),
+            self.gpus,
+            self.launch,
+            self.env.get(ENV_JOB_ID) or None,
+            self.plan_launch,
+        )
+        self.live.global_batch, self.live.per_gpu_batch = self.global_batch, self.per_gpu
+        self.live.accum_steps = int(self.env.get(ENV_ACCUM_STEPS) or 1)
+        self.env[ENV_BATCH_FILE] = str(self.live.path)
         self.metrics = cfg.job_dir / METRICS_FILE
         self.tracker = ProgressTracker(self.gpus, self.global_batch, self.per_gpu)
         self.tracker.interval_s = cfg.metrics_interval_s
@@ -91,6 +107,7 @@ class Sidecar:
         self.stop_requested: float | None = None
         self.stop_started: float | None = None
         self.killed = False
+        self.requeue_stopped = False
         self.runtime_offset = 0
         self.progress_offset = 0
         self.last_ckpt: Checkpoint | None = None
@@ -109,6 +126,7 @@ class Sidecar:
             try:
                 plan = read_plan(plan_path)
                 global_batch, max_micro = plan.global_batch, plan.max_micro_batch
+                self.plan_launch = plan.launch
             except PlanFileError as exc:
                 log(f"ignoring the plan: {exc}", logging.WARNING)
         if not global_batch:
@@ -123,6 +141,17 @@ class Sidecar:
         self.env[ENV_PER_GPU_BATCH] = str(per_gpu)
         self.env[ENV_ACCUM_STEPS] = str(accum)
         return global_batch, per_gpu
+
+    def _poll_plan(self) -> None:
+        """A new global batch at the same GPUs (the controller rewrote the plan): passed on
+        in the batch file (a script that uses the runtime reads the plan itself)."""
+        line = None if self.managed else self.live.poll()
+        if line is None:
+            return
+        self.global_batch, self.per_gpu = self.live.global_batch, self.live.per_gpu_batch
+        self.tracker.global_batch, self.tracker.per_gpu_batch = self.global_batch, self.per_gpu
+        self.emit({**line, "step": self.tracker.last_step})
+        log(f"global batch {line['from_batch']} -> {self.global_batch}: in {self.live.path}")
 
     def _read_state(self) -> dict[str, Any]:
         try:
@@ -147,9 +176,15 @@ class Sidecar:
     def _requeue_shim(self) -> None:
         """Under the controller a script's own ``scontrol requeue`` of its job (Lightning's
         convention on its checkpoint signal) becomes a relaunch request to the sidecar."""
-        real = shutil.which("scontrol")
-        if not real or not self.cfg.controlled:
+        if not self.cfg.controlled:
             return
+        real = shutil.which("scontrol", path=self.env.get("PATH"))
+        # without Slurm's own scontrol (a node without Slurm), other calls fail as bash would
+        other = (
+            f'exec {shlex.quote(real)} "$@"\n'
+            if real
+            else 'echo "scontrol: command not found" >&2\nexit 127\n'
+        )
         bindir = self.cfg.job_dir / ".bin"
         bindir.mkdir(exist_ok=True)
         shim = bindir / "scontrol"
@@ -159,8 +194,7 @@ class Sidecar:
             'if [[ ${1-} == requeue && ${2-} == "$SLURM_JOB_ID" ]]; then\n'
             f"  touch {shlex.quote(str(self.cfg.job_dir / REQUEUE_REQUEST_FILE))}\n"
             "  exit 0\n"
-            "fi\n"
-            f'exec {shlex.quote(real)} "$@"\n'
+            "fi\n" + other
         )
         shim.chmod(0o755)
         self.env["PATH"] = f"{bindir}:{self.env.get('PATH', '')}"
@@ -195,6 +229,7 @@ class Sidecar:
                 self.progress_offset = self.cfg.progress_file.stat().st_size
             except OSError:
                 self.progress_offset = 0
+        self.live.write()
         ckpt = latest_checkpoint(self.cfg.ckpt_dir)
         python = self.env.get("HPCORCH_PYTHON") or "python3"
         command, resuming = launch_command(self.cmd, self.cfg, ckpt, self.launch, python)
@@ -233,9 +268,12 @@ class Sidecar:
             now = time.time()
             if self.stop_requested is not None and self.stop_started is None:
                 self._begin_stop(proc)
+            elif self._requeue_requested():
+                self._stop_requeued(proc)
             elif self._grace_over(now):
                 self._kill(proc)
             self._poll_runtime()
+            self._poll_plan()
             self._poll_progress_file()
             self._drain_progress()
             if now >= next_ckpt_scan:
@@ -370,6 +408,22 @@ class Sidecar:
         else:
             log(f"stop requested: SIG{self.cfg.stop_signal} to the script")
             self._deliver(proc, self.cfg.stop_signal)
+
+    def _requeue_requested(self) -> bool:
+        """The script asked (through the scontrol shim) to be requeued, not yet acted on."""
+        if self.managed or self.requeue_stopped:
+            return False
+        return (self.cfg.job_dir / REQUEUE_REQUEST_FILE).exists()
+
+    def _stop_requeued(self, proc: subprocess.Popen[bytes]) -> None:
+        """Do what Slurm's requeue does to a running job: SIGTERM to its tasks (then SIGKILL
+        after the grace). A Lightning script saves its checkpoint and asks for the requeue on
+        its signal, then trains on until Slurm stops it."""
+        self.requeue_stopped = True
+        if self.stop_started is None:
+            self.stop_started = time.time()
+        log("the script checkpointed and asked to be requeued: SIGTERM to stop it, as Slurm would")
+        self._deliver(proc, "TERM")
 
     def _grace_over(self, now: float) -> bool:
         started = self.stop_started

@@ -47,7 +47,10 @@ class SlurmBackend(Protocol):
         ...
 
     # queries
-    def jobs(self) -> list[SlurmJob]: ...
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job Slurm knows, or only those of ``reservation``."""
+        ...
+
     def nodes(self) -> list[SlurmNode]: ...
     def partitions(self) -> tuple[list[str], str | None]: ...
     def reservations(self) -> dict[str, list[str]]: ...
@@ -79,10 +82,12 @@ class SlurmBackend(Protocol):
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
-        GPU if given."""
+        GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
+        :func:`shape_args`)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -105,6 +110,23 @@ class SlurmBackend(Protocol):
         ...
 
 
+def check_slurm_conf(env: Mapping[str, str]) -> None:
+    """A SLURM_CONF that names no readable file: Slurm's commands would wait up to a minute
+    and then blame slurmctld; say what is wrong instead."""
+    conf = env.get("SLURM_CONF")
+    if conf is None:
+        return
+    if not conf.strip():
+        raise SlurmUnavailable("SLURM_CONF is set but empty: unset it or name slurm.conf")
+    try:
+        with open(conf, "rb") as fh:
+            fh.read(1)
+    except OSError as exc:
+        raise SlurmUnavailable(
+            f"SLURM_CONF={conf!r} cannot be read ({exc.strerror}): name this cluster's slurm.conf"
+        ) from None
+
+
 class SlurmCLI:
     """Slurm through its command-line tools (works with 22.05 through 24.x)."""
 
@@ -124,13 +146,15 @@ class SlurmCLI:
         exe = shutil.which(argv[0], path=self.env.get("PATH"))
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
+        check_slurm_conf(self.env)
         self.calls += 1
         try:
             proc = subprocess.run(
                 [exe, *argv[1:]],
                 input=stdin,
                 capture_output=True,
-                text=True,
+                encoding="utf-8",
+                errors="replace",  # a binary slurm.conf makes Slurm echo its bytes
                 timeout=self.timeout,
                 env=dict(self.env if env is None else env),
                 check=False,
@@ -161,9 +185,10 @@ class SlurmCLI:
         return doc
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
-        """Every job slurmctld knows (22.05 ignores squeue's filters with --json anyway)."""
-        return parse_squeue(self._json(["squeue", "--json"]))
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
+        """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
+        filters with --json: the others are dropped before they are parsed)."""
+        return parse_squeue(self._json(["squeue", "--json"]), reservation)
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json(self._nodes_argv)
@@ -253,15 +278,12 @@ class SlurmCLI:
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
-        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}"] if cpus_per_gpu > 0 else []
         self.scontrol(
             "update",
             f"jobid={job_id}",
-            f"NumNodes={nodes}-{nodes}",
-            f"TresPerNode=gres:gpu:{gpus_per_node}",
-            *cpus,
-            f"ReqNodeList={','.join(node_names)}",
+            *shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node),
         )
 
     def start_now(self, job_id: int) -> None:
@@ -303,6 +325,45 @@ class SlurmCLI:
     def scontrol(self, *args: str) -> str:
         """Any scontrol command (arguments as a list, never through a shell)."""
         return self.run(["scontrol", *args])
+
+
+def shape_args(
+    nodes: int,
+    gpus_per_node: int,
+    node_names: Sequence[str] = (),
+    cpus_per_gpu: int = 0,
+    per_node: Sequence[int] = (),
+) -> list[str]:
+    """``scontrol update job`` fields for a pending job's next launch.
+
+    The same GPUs on every node: ``TresPerNode``, which Slurm holds to on each node.
+    Different counts (``per_node`` on ``node_names``): one GPU count for the whole job
+    (``TresPerJob``, i.e. ``--gpus``) on exactly those nodes; Slurm 22.05+ puts one GPU on
+    every node and the rest node by node in its node order, each up to the node's free
+    GPUs (``hpcorch.cluster.fill_gpus``), so the counts are exactly ``per_node`` when the
+    free GPUs leave that one choice, which the controller waits for. The other form is
+    cleared, so a job can go from one to the other between launches.
+
+    CPUs: ``CpusPerTres`` alone does not change the CPUs of an allocation after submit on
+    22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs); the
+    per-node minimum ``MinCPUsNode`` does, and is set to the GPUs' CPUs on each node. For
+    an uneven job Slurm spreads the job's CPUs (GPUs x CPUs per GPU) over its nodes itself
+    (evenly on the local pool: 3 and 3 for 4+2 GPUs at 1 per GPU), and a per-node minimum
+    above that average left the job pending while another job held GPUs on one of its
+    nodes; so the minimum is that average, and the job wrapper gives every task the CPUs
+    per GPU of the leanest node.
+    """
+    counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
+    uneven = len(set(counts)) > 1
+    if uneven:
+        gres = ["TresPerNode=", f"TresPerJob=gres:gpu:{sum(counts)}"]
+    else:
+        gres = ["TresPerJob=", f"TresPerNode=gres:gpu:{gpus_per_node}"]
+    cpus = []
+    if cpus_per_gpu > 0:
+        least = cpus_per_gpu * sum(counts) // len(counts) if uneven else cpus_per_gpu * max(counts)
+        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}", f"MinCPUsNode={max(1, least)}"]
+    return [f"NumNodes={nodes}-{nodes}", *gres, *cpus, f"ReqNodeList={','.join(node_names)}"]
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

@@ -52,6 +52,8 @@ class SlurmCluster:
         self.reservation_ttl = reservation_ttl
         self._pool_nodes: tuple[str, ...] = ()
         self._pool_read_at = -1e18
+        self._cpus_per_gpu: dict[int, int] = {}
+        """CPUs per GPU each job of the pool asked for, as last observed."""
         self.pool_ends_at = 0.0
         """When the reservation ends (Unix time; 0: never or unknown)."""
         self._warned_at = -1e18
@@ -136,8 +138,12 @@ class SlurmCluster:
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
         pool = self.reservation_nodes()
-        jobs = self.backend.jobs()
-        by_name = {n.name: n for n in self.backend.nodes()}
+        jobs = self.backend.jobs(self.reservation)
+        listed = self.backend.nodes()
+        by_name = {n.name: n for n in listed}
+        # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
+        rank = {n.name: i for i, n in enumerate(listed)}
+        pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
         nodes = tuple(
             PoolNode(
                 name=name,
@@ -145,18 +151,31 @@ class SlurmCluster:
                 gpus_used=by_name[name].gpus_used if name in by_name else 0,
                 usable=by_name[name].usable if name in by_name else False,
                 cpus=by_name[name].cpus if name in by_name else 0,
+                cpus_used=by_name[name].cpus_used if name in by_name else 0,
             )
             for name in pool
         )
         observed = []
+        cpus_per_gpu: dict[int, int] = {}
         for j in jobs:
+            if j.reservation != self.reservation:
+                continue
             tags = parse_comment(j.comment)
-            if tags is None or j.reservation != self.reservation:
+            if tags is None:
                 continue
             try:
                 names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
             except ValueError:  # a node list Slurm should never print: not this job's fault
                 names = ()
+            names = names if j.state != "PENDING" else ()
+            per_node = j.gpus_by_node if names and len(j.gpus_by_node) == len(names) else ()
+            per_gpu = j.gpus_per_node
+            if per_node:
+                per_gpu = max(per_node)
+            elif not per_gpu and j.gpus_per_job and names:
+                per_gpu = j.gpus_per_job // len(names)
+            if j.cpus_per_gpu:
+                cpus_per_gpu[j.job_id] = j.cpus_per_gpu
             observed.append(
                 ObservedJob(
                     slurm_id=j.job_id,
@@ -165,16 +184,18 @@ class SlurmCluster:
                     state=j.state,
                     held=j.held,
                     reason=j.reason,
-                    node_names=names if j.state != "PENDING" else (),
-                    gpus_per_node=j.gpus_per_node,
+                    node_names=names,
+                    gpus_per_node=per_gpu,
                     restarts=j.restarts,
                     exit_code=j.exit_code,
                     submit_time=float(j.submit_time),
                     start_time=float(j.start_time),
                     tags=tags,
                     end_time=float(j.end_time),
+                    per_node=per_node,
                 )
             )
+        self._cpus_per_gpu = cpus_per_gpu
         return Observation(
             time=time.time(),
             nodes=nodes,
@@ -185,8 +206,14 @@ class SlurmCluster:
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
+        cpus = shape.cpus_per_gpu or self._cpus_per_gpu.get(slurm_id, 0)
         self.backend.set_shape(
-            slurm_id, shape.nodes, shape.gpus_per_node, shape.node_names, shape.cpus_per_gpu
+            slurm_id,
+            shape.nodes,
+            shape.gpus_per_node,
+            shape.node_names,
+            cpus,
+            shape.per_node if not shape.even else (),
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))

@@ -92,12 +92,20 @@ class SlurmJob:
     work_dir: str
     reservation: str
     held: bool
+    gpus_by_node: tuple[int, ...] = ()
+    """GPUs allocated on each node of ``nodes`` (Slurm's node order), while it holds them."""
+    gpus_per_job: int = 0
+    """A GPU count for the whole job (``--gpus``), 0 when it asked per node."""
+    cpus_per_gpu: int = 0
+    """CPUs per GPU it asked for (``--cpus-per-gpu``), 0 when not given."""
     account: str = ""
     qos: str = ""
 
     @property
     def gpus(self) -> int:
-        return self.gpus_per_node * self.node_count
+        if self.gpus_by_node:
+            return sum(self.gpus_by_node)
+        return self.gpus_per_job or self.gpus_per_node * self.node_count
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,7 @@ class SlurmNode:
     gpus: int
     gpus_used: int
     reason: str
+    cpus_used: int = 0
 
     @property
     def usable(self) -> bool:
@@ -144,6 +153,20 @@ def _base_states(raw_states: tuple[str, ...]) -> tuple[str, ...]:
     return (base, *rest)
 
 
+def _tres(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return ",".join(str(t) for t in value) if isinstance(value, Sequence) else ""
+
+
+def gpus_by_node(detail: Any) -> tuple[int, ...]:
+    """GPUs per node from a job's ``gres_detail`` (one string per allocated node, e.g.
+    ``gpu:4(IDX:0-3)`` or ``gpu:a100:2(IDX:0-1),mps:50``)."""
+    if not isinstance(detail, Sequence) or isinstance(detail, str):
+        return ()
+    return tuple(gpus_in(str(d)) for d in detail)
+
+
 INFINITE32 = 0xFFFFFFFE
 """Slurm's INFINITE in a 32-bit field (what 22.05's JSON prints for no time limit)."""
 
@@ -156,9 +179,7 @@ def _time_limit(value: Any) -> int:
 
 def _job(raw: Mapping[str, Any]) -> SlurmJob:
     states = _base_states(_states(raw.get("job_state")))
-    tres = raw.get("tres_per_node") or ""
-    if not isinstance(tres, str):
-        tres = ",".join(str(t) for t in tres)
+    tres = _tres(raw.get("tres_per_node"))
     node_count = _num(raw.get("node_count"), 0)
     if not node_count and isinstance(raw.get("nodes"), str) and raw["nodes"]:
         node_count = 1
@@ -187,14 +208,21 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
+        gpus_by_node=gpus_by_node(raw.get("gres_detail")),
+        gpus_per_job=gpus_in(_tres(raw.get("tres_per_job"))),
+        cpus_per_gpu=gpus_in(_tres(raw.get("cpus_per_tres"))),
         account=str(raw.get("account") or ""),
         qos=str(raw.get("qos") or ""),
     )
 
 
-def parse_squeue(doc: Mapping[str, Any]) -> list[SlurmJob]:
-    """Jobs from a ``squeue --json`` document (any supported version)."""
-    return [_job(j) for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:
+    """Jobs from a ``squeue --json`` document (any supported version); only those of
+    ``reservation`` when given (a site's queue holds many other jobs: they are not parsed)."""
+    jobs = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+    if reservation is not None:
+        jobs = [j for j in jobs if j.get("resv_name") == reservation]
+    return [_job(j) for j in jobs]
 
 
 def _node(raw: Mapping[str, Any]) -> SlurmNode:
@@ -211,6 +239,7 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
         gpus=gpus_in(str(raw.get("gres") or "")),
         gpus_used=gpus_in(str(raw.get("gres_used") or "")),
         reason=str(raw.get("reason") or ""),
+        cpus_used=_num(raw.get("alloc_cpus")),
     )
 
 

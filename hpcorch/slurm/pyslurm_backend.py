@@ -6,7 +6,8 @@ backend when such a pyslurm imports.
 
 Two actions still go through Slurm's commands (``SlurmCLI``), because pyslurm 25.11 does
 not express them: a job's node count cannot be changed through ``Job.modify`` (pyslurm
-applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update``; and
+applies ``nodes`` at submission only), so ``set_shape`` runs one ``scontrol update`` (also
+for a per-job GPU count and a per-node CPU minimum: ``hpcorch.slurm.backend.shape_args``); and
 reservations are created with ``scontrol create reservation`` (once, at controller start).
 
 Submission maps each ``#SBATCH`` line of hpcorch's batch script (the user's options
@@ -149,6 +150,27 @@ def base_state(state: str) -> str:
     return state
 
 
+def gpus_by_node_from_pyslurm(job: Any) -> tuple[int, ...]:
+    """GPUs on each allocated node, in the job's node order (pyslurm's resource layout:
+    ``{node: {"cpu_ids": ..., "gres": {"gpu": {"count": 4, ...}}, ...}}``)."""
+    layout_of = getattr(job, "get_resource_layout_per_node", None)
+    if not callable(layout_of):
+        return ()
+    try:
+        layout = layout_of()
+    except (ValueError, TypeError, AttributeError):
+        return ()
+    if not isinstance(layout, Mapping):
+        return ()
+    order = expand_nodelist(_str(job.allocated_nodes))
+    names = [n for n in order if n in layout] or list(layout)
+    out = []
+    for name in names:
+        entry = layout.get(name)
+        out.append(gpus_in_gres(entry.get("gres")) if isinstance(entry, Mapping) else 0)
+    return tuple(out)
+
+
 def job_from_pyslurm(job: Any) -> SlurmJob:
     """A ``pyslurm.Job`` as hpcorch's ``SlurmJob`` (same values ``squeue --json`` gives)."""
     state = base_state(_str(job.state))
@@ -178,6 +200,8 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         work_dir=_str(job.working_directory),
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+        gpus_by_node=gpus_by_node_from_pyslurm(job) if nodes else (),
+        cpus_per_gpu=_int(getattr(job, "cpus_per_gpu", 0)),
         account=_str(getattr(job, "account", "")),
         qos=_str(getattr(job, "qos", "")),
     )
@@ -196,6 +220,7 @@ def node_from_pyslurm(node: Any) -> SlurmNode:
         gpus=gpus_in_gres(node.configured_gres),
         gpus_used=gpus_in_gres(node.alloc_gres),
         reason=_str(node.reason),
+        cpus_used=_int(getattr(node, "alloc_cpus", 0)),
     )
 
 
@@ -285,9 +310,13 @@ class PySlurmBackend:
         return list(collection.values() if hasattr(collection, "values") else collection)
 
     # --- queries ------------------------------------------------------------------------
-    def jobs(self) -> list[SlurmJob]:
+    def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
-        return [job_from_pyslurm(j) for j in self._values(coll)]
+        return [
+            job_from_pyslurm(j)
+            for j in self._values(coll)
+            if reservation is None or _str(j.reservation) == reservation
+        ]
 
     def nodes(self) -> list[SlurmNode]:
         coll = self._rpc("Nodes.load", lambda: self.pyslurm.Nodes.load())
@@ -353,8 +382,9 @@ class PySlurmBackend:
         gpus_per_node: int,
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
+        per_node: Sequence[int] = (),
     ) -> None:
-        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu)
+        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node)
 
     def start_now(self, job_id: int) -> None:
         self._modify(job_id, begin_time=int(time.time()))

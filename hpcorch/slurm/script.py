@@ -60,6 +60,8 @@ class SidecarSpec:
     resume_cmd: tuple[str, ...] = ()
     progress_regex: str | None = None
     progress_file: str | None = None
+    live_batch: bool = False
+    """The script applies a new global batch from $HPCORCH_BATCH_FILE while it runs."""
 
     @property
     def resumable(self) -> bool:
@@ -153,6 +155,8 @@ class JobSpec:
                 parts.append("resume=no")
             if not self.sidecar.predictable:
                 parts.append("progress=no")
+            if self.sidecar.live_batch:
+                parts.append("livebatch=1")
         if self.managed:
             parts += [f"app={self.app or self.name}", f"dir={self.job_dir}"]
         return f"{JOB_COMMENT_TAG}:" + ",".join(parts)

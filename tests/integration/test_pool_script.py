@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import POOL_SCRIPT, _slurm_installed
+from tests.conftest import POOL_SCRIPT, Pool, _slurm_installed, pool_port_base
 
 pytestmark = pytest.mark.slurm
 
@@ -28,7 +28,8 @@ def processes_of(tmp: Path) -> list[str]:
 @pytest.mark.skipif(not _slurm_installed(), reason="Slurm is not installed")
 def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
     pdir = tmp_path / "pool"
-    up = pool(pdir, "up", "--nodes", "2", "--gpus-per-node", "2", "--port-base", "17900")
+    port = str(pool_port_base() + 100)
+    up = pool(pdir, "up", "--nodes", "2", "--gpus-per-node", "2", "--port-base", port)
     assert up.returncode == 0, up.stderr
     assert "up: 2 nodes x 2 GPUs" in up.stderr
     pids = [int(p.read_text()) for p in (pdir / "run").glob("*.pid")]
@@ -58,3 +59,103 @@ def test_bad_use_is_one_clear_line(tmp_path: Path, args: list[str], code: int, n
     res = pool(tmp_path / "none", *args)
     assert res.returncode == code
     assert needle in res.stderr.strip().splitlines()[-1]
+
+
+def steps_of(conf: Path) -> list[int]:
+    """The slurmstepd processes started by the pool whose slurm.conf is ``conf``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd.startswith(b"slurmstepd: [") and f"SLURM_CONF={conf}".encode() in env:
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for(what: str, check: object, timeout: float = 60) -> None:
+    deadline = time.time() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+@pytest.mark.slow
+def test_down_ends_only_its_own_pools_job_steps(slurm_pool: Pool, tmp_path: Path) -> None:
+    """`pool down` of a second pool whose job steps outlive its daemons ends those steps
+    and leaves the job of the pool beside it running (issue 13: the old pkill ended the
+    steps of every pool on the machine)."""
+    conf_a = slurm_pool.dir / "etc" / "slurm.conf"
+    job_a = int(
+        slurm_pool.run(
+            "sbatch",
+            "--parsable",
+            "-N1",
+            "--gres=gpu:1",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "srun sleep 300",
+        ).stdout.split(";")[0]
+    )
+    pdir = tmp_path / "pool-b"
+    up = pool(
+        pdir,
+        "up",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "1",
+        "--port-base",
+        str(pool_port_base() + 100),
+    )
+    assert up.returncode == 0, up.stderr
+    conf_b = pdir / "etc" / "slurm.conf"
+    env_b = {**os.environ, "SLURM_CONF": str(conf_b)}
+    try:
+        sub = subprocess.run(
+            [
+                "sbatch",
+                "--parsable",
+                "-N1",
+                "--gres=gpu:1",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "srun sleep 300",
+            ],
+            env=env_b,
+            text=True,
+            capture_output=True,
+            check=True,
+        )
+        assert sub.stdout.strip()
+        slurm_pool.wait_state(job_a, {"RUNNING"})
+        wait_for(
+            "both pools' steps", lambda: len(steps_of(conf_a)) >= 2 and len(steps_of(conf_b)) >= 2
+        )
+        a_steps, b_steps = steps_of(conf_a), steps_of(conf_b)
+        b_tasks = [
+            int(p)
+            for s in b_steps
+            for p in subprocess.run(
+                ["pgrep", "-P", str(s)], text=True, capture_output=True
+            ).stdout.split()
+        ]
+        # pool B's slurmctld dies: `down` cannot cancel its job, so its steps outlive the
+        # daemons and only the clean-up after stop_daemons can end them
+        ctld = int((pdir / "run" / "slurmctld.pid").read_text())
+        os.kill(ctld, 9)
+        down = pool(pdir, "down")
+        assert down.returncode == 0, down.stderr
+        wait_for("pool B's steps to end", lambda: not steps_of(conf_b), 10)
+        assert not [p for p in b_tasks if Path(f"/proc/{p}").exists()]
+        assert all(Path(f"/proc/{p}").exists() for p in a_steps)
+        assert slurm_pool.state(job_a) == "RUNNING"
+    finally:
+        slurm_pool.run("scancel", str(job_a), check=False)
+        pool(pdir, "down")

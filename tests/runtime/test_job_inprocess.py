@@ -131,3 +131,54 @@ def test_checkpoint_without_its_fields_is_one_clear_error(
     assert len(err) == 1  # <time> hpcorch: error: ...
     assert err[0].endswith(f" hpcorch: error: checkpoint {path} lacks the field 'global_step'")
     assert path.read_bytes() == before and not (one_rank / "metrics.jsonl").exists()
+
+
+class _DeviceWait:
+    """torch.distributed for the job module, whose step-boundary all-reduce waits 0.2 s: what
+    a rank on a GPU does there, where the kernels the training loop only queued finish."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(dist, name)
+
+    @staticmethod
+    def all_reduce(tensor: torch.Tensor, *args: object, **kwargs: object) -> object:
+        import time
+
+        time.sleep(0.2)
+        return dist.all_reduce(tensor, *args, **kwargs)
+
+
+def test_step_time_includes_the_wait_for_the_device(
+    one_rank: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    import hpcorch.runtime.job as job_module
+
+    monkeypatch.setattr(job_module, "dist", _DeviceWait())
+    job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    train(job, model, opt, steps=3)
+    lines = [json.loads(x) for x in (one_rank / "metrics.jsonl").read_text().splitlines()]
+    steps = [x for x in lines if x["event"] == "steps"]
+    assert len(steps) >= 2
+    assert all(x["step_time"] >= 0.2 for x in steps), [x["step_time"] for x in steps]
+    assert steps[0]["max_memory_allocated"] is None  # device memory: reported on GPUs only
+
+
+def test_one_rank_has_no_noise_hook(one_rank: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The noise scale needs two batch sizes (local and global): a single rank skips the
+    hook's norms of every gradient bucket (on a GPU they cost time at every step)."""
+    from hpcorch.runtime.gns import NoiseScale
+
+    calls = []
+    real = NoiseScale.hook
+    monkeypatch.setattr(NoiseScale, "hook", lambda self, *a: calls.append(1) or real(self, *a))
+    job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    train(job, model, opt, steps=2)
+    assert calls == [] and job.noise_scale is None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcorch.protocol import CHECKPOINT_DIR, EXIT_DONE, EXIT_FAILED, EXIT_RELAUNCH
+from hpcorch.protocol import CHECKPOINT_DIR, EXIT_DONE, EXIT_RELAUNCH, EXIT_STORAGE
 from tests.runtime.harness import events, launch, signal_at, wait_for
 
 pytestmark = pytest.mark.slow
@@ -109,6 +109,6 @@ def test_checkpoint_that_rank_0_cannot_write_fails_every_rank(tmp_path: Path) ->
     (jd / CHECKPOINT_DIR).write_text("a file where the checkpoint directory should be\n")
     run = launch(2, jd, ARGS)
     signal_at(run, jd, 3, ranks=[1])
-    assert run.wait() == [EXIT_FAILED, EXIT_FAILED]
-    assert "hpcorch: error: cannot write checkpoint" in run.stderr()
+    assert run.wait() == [EXIT_STORAGE, EXIT_STORAGE]
+    assert "hpcorch: error: cannot write " in run.stderr()
     assert not events(jd, "checkpoint")

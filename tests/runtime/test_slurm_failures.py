@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcorch.protocol import CHECKPOINT_FORMAT, EXIT_CONFIG, EXIT_DONE
+from hpcorch.protocol import CHECKPOINT_FORMAT, EXIT_CONFIG, EXIT_DONE, LAUNCH_FILE
 from tests.runtime.harness import EXAMPLE, events, free_port, sbatch, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -20,7 +20,13 @@ SMALL = ["--epochs", "1", "--samples", "256", "--global-batch", "32"]
 
 
 def snapshot(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+    """The files of a job directory, but for the wrapper's record of the launch that owns it
+    (written before any task starts)."""
+    return {
+        str(p.relative_to(d)): p.read_bytes()
+        for p in sorted(d.rglob("*"))
+        if p.is_file() and p.relative_to(d) != Path(LAUNCH_FILE)
+    }
 
 
 def test_kill_9_during_checkpoint_write_resumes_from_previous_good(
