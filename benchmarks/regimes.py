@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--engine", choices=["direct", "controller"], default="controller")
     ap.add_argument("--robustness", action="store_true")
+    ap.add_argument("--regimes", default="known,cold", help="of the main two, e.g. cold")
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--save", type=Path, default=None)
     ap.add_argument("--load-results", type=Path, default=None)
@@ -218,7 +219,8 @@ def sweep(args: argparse.Namespace, data: Path, loads: list[str]) -> list[dict[s
             if only and path.stem not in only:
                 continue
             for policy in policies:
-                variants = REGIMES + (ROBUST if args.robustness and policy == "ones" else [])
+                main = [r for r in REGIMES if r[0] in args.regimes.split(",")]
+                variants = main + (ROBUST if args.robustness and policy == "ones" else [])
                 for regime, epochs in variants:
                     tasks.append((str(data), load, path.stem, policy, regime, epochs, args.engine))
     tasks.sort(key=lambda t: (t[3] != "ones", t[1] != "1.0"))  # longest first
