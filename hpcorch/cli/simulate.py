@@ -16,6 +16,7 @@ from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
+from hpcorch.sim.regime import REGIMES, Regime
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
 from hpcorch.sim.traces import TraceError, default_data_dir, load_apps
 from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
@@ -188,6 +189,22 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="controller: the production controller over a simulated Slurm; direct: a bare "
     "round-by-round policy loop (kept as a test oracle).",
 )
+@click.option(
+    "--regime",
+    type=click.Choice(list(REGIMES)),
+    default="known",
+    show_default=True,
+    help="What the policy knows of a job before it runs. known: jobs of one application "
+    "share what was learned of them; cold: every job is new (its own application, no "
+    "completed-job history); mixed: every other job (by arrival) is new.",
+)
+@click.option(
+    "--declared-epochs",
+    default=1.0,
+    show_default=True,
+    type=click.FloatRange(min=0.01, max=100.0),
+    help="Epochs the jobs declare, as a multiple of those they really need (robustness).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
@@ -226,6 +243,8 @@ def simulate(
     seed: int,
     data: Path | None,
     engine: str,
+    regime: str,
+    declared_epochs: float,
     as_json: bool,
     plot: Path | None,
     keep_state: Path | None,
@@ -275,6 +294,7 @@ def simulate(
         cpus_per_node=cpus_per_node,
         cpu_demand=demand,
         cpus_per_gpu=cpus_per_gpu,
+        regime=Regime(regime, declared_epochs),
     )
     total = sum(len(jobs) for _, jobs in loaded) * len(names)
     results: list[tuple[str, SimResult]] = []
@@ -311,7 +331,8 @@ def simulate(
     if as_json:
         doc = {
             "results": [
-                {"workload": stem, "policy": r.policy, **r.summary()} for stem, r in results
+                {"workload": stem, "policy": r.policy, "regime": regime, **r.summary()}
+                for stem, r in results
             ]
         }
         click.echo(json.dumps(doc, indent=2))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hpcorch.controller.identity import fingerprint, model_bytes
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.controller.validate import MAX_COUNT, as_float, as_int, printable, steps_line
 
@@ -31,6 +32,9 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
             rec.epochs = epochs
         if size:
             rec.steps_per_epoch = size / max(1, rec.batch)
+        # what identifies its model (pooling key) and sizes its all-reduce (a prior)
+        rec.fingerprint = fingerprint(line.get("model"), line.get("params"), size)
+        rec.model_bytes = model_bytes(line.get("model_bytes"))
         return None
     if event != "steps":
         return None

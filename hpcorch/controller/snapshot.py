@@ -21,6 +21,7 @@ import numpy as np
 
 from hpcorch.cluster import PoolNode
 from hpcorch.controller.reconcile import Settings, can_stop, target_shape
+from hpcorch.controller.identity import model_key
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
@@ -210,7 +211,7 @@ def job_view(
     epochs = rec.epochs or rec.epoch + 1
     return JobView(
         job_id=str(rec.slurm_id),
-        application=rec.app,
+        application=model_key(rec.user, rec.app, rec.fingerprint, rec.slurm_id),
         submit_time=rec.submit_time,
         requested_gpus=req_gpus,
         requested_batch=req_batch or rec.batch,
@@ -236,6 +237,7 @@ def job_view(
         run_time=rec.run_seconds,
         restarts=max(0, rec.launches - 1),
         profile=profile,
+        model_bytes=rec.model_bytes,
         predictable=bool(rec.predictable),
         resizable=movable,
         rebatch=rec.mode != "sidecar",
@@ -292,13 +294,14 @@ def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
     epochs = rec.epochs or rec.epoch
     return CompletedJob(
         job_id=str(rec.slurm_id),
-        application=rec.app,
+        application=model_key(rec.user, rec.app, rec.fingerprint, rec.slurm_id),
         jct=max(0.0, rec.finished_at - rec.submit_time),
         gpu_seconds=rec.gpu_seconds,
         progress=rec.progress,
         epochs=epochs,
         profile=profile_of(samples),
         grad_history=noise_history(samples, rec.batch, epochs),
+        model_bytes=rec.model_bytes,
     )
 
 

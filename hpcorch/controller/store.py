@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -55,6 +55,10 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     6: (
         ("jobs", "ready_at REAL NOT NULL DEFAULT 0"),
         ("samples", "epoch INTEGER NOT NULL DEFAULT 0"),
+    ),
+    7: (
+        ("jobs", "fingerprint TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
@@ -241,6 +245,10 @@ class JobRecord:
     """A queued job whose start failed is not started again before this time."""
     forced_at: float = 0.0
     """When a stopping job was last requeued by force (0: not in this stop)."""
+    fingerprint: str = ""
+    """The model the job's runtime reported (class:parameters:dataset size; '' unknown)."""
+    model_bytes: int = 0
+    """Gradient bytes per step the job's runtime reported (0: unknown)."""
 
     node_gpus: str = ""
     """GPUs on each node of ``node_list`` ("4,2"), as Slurm reports them; empty: the same

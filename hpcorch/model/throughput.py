@@ -21,12 +21,22 @@ micro-step depends only on the per-GPU batch (``a + b x micro``, the same on any
 GPUs) and each micro-step of an accumulated step adds it again, while the all-reduce comes
 once per step and depends on the GPUs and nodes only, so step times at several
 accumulation counts and batches separate the two (least squares).
+
+Where a kind of configuration (one node / several nodes) was never measured, the prior is
+physical when the job reports its gradient bytes: the bytes times the seconds per byte the
+cluster showed on *other* models (:class:`Network`, :func:`learn_network`); the all-reduce
+grows with the GPUs within a node (``r - 1``) and is about flat in the node count across
+nodes (a ring moves twice the gradient whatever its length). The same prior splits a step
+measured only on several GPUs at one accumulation count into compute and all-reduce.
+Without a reported size, the prior is a fraction of the compute (``PRIOR_INTRA`` /
+``PRIOR_INTER``).
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -54,6 +64,29 @@ PRIOR_INTRA = 0.1
 PRIOR_INTER = 1.0
 # Prior compute time per sample at the initial batch, before the first measurement.
 PRIOR_COMPUTE_S = 0.2
+# Seconds per gradient byte before any model measured a kind: one node's GPUs over PCIe
+# (per GPU beyond the first) and a 10 Gb/s network between nodes.
+DEFAULT_INTRA_S_PER_BYTE = 1 / 4e9
+DEFAULT_INTER_S_PER_BYTE = 1 / 0.6e9
+
+
+@dataclass(frozen=True)
+class Network:
+    """Seconds of all-reduce per gradient byte: a property of the cluster, not of a job."""
+
+    intra: float = DEFAULT_INTRA_S_PER_BYTE
+    """Within one node, per GPU beyond the first."""
+    inter: float = DEFAULT_INTER_S_PER_BYTE
+    """Across nodes."""
+    measured: tuple[bool, bool] = (False, False)
+    """Whether ``intra`` / ``inter`` come from measurements (else the defaults)."""
+
+
+def growth(nodes: np.ndarray, gpus: np.ndarray) -> np.ndarray:
+    """All-reduce growth with the GPU count: ``r - 1`` on one node, flat across nodes."""
+    n = np.asarray(nodes, dtype=float)
+    g = np.asarray(gpus, dtype=float)
+    return np.asarray(np.where(n > 1, 1.0, np.maximum(g - 1.0, 0.0)))
 
 
 class _Sample:
@@ -100,8 +133,16 @@ def split_sync(samples: Iterable[StepLike]) -> dict[tuple[int, int], float]:
 class ThroughputModel:
     """Predicts seconds per iteration for (nodes, GPUs, micro-batch, accumulation)."""
 
-    def __init__(self, samples: Iterable[StepLike], min_batch: int = 1) -> None:
-        given = list(samples)
+    def __init__(
+        self,
+        samples: Iterable[StepLike],
+        min_batch: int = 1,
+        model_bytes: float = 0.0,
+        network: Network | None = None,
+    ) -> None:
+        self.model_bytes = max(float(model_bytes), 0.0)
+        self.network = network or Network()
+        given = [s for s in samples if s.gpus > 0 and s.micro_batch > 0 and s.nodes > 0]
         syncs = split_sync(given)
         uniq: dict[tuple[int, int, int], StepLike] = {}
         for s in sorted(given, key=lambda s: s.accum_steps):  # fewest micro-steps first
@@ -119,7 +160,7 @@ class ThroughputModel:
         )
         if not single:
             single = sorted(
-                (s.micro_batch, max((s.step_time - s.sync_time) / max(1, s.accum_steps), 1e-6))
+                (s.micro_batch, max((s.step_time - self._sync_of(s)) / max(1, s.accum_steps), 1e-6))
                 for s in self.samples
             )
             merged: dict[int, float] = {}
@@ -151,6 +192,22 @@ class ThroughputModel:
         accum = np.array([max(1, s.accum_steps) for s in multi], dtype=float)
         # the all-reduce happens once per step, after the last micro-step
         self._m_over = np.maximum(np.array([s.step_time for s in multi]) - accum * comp, 0.0)
+        grow = growth(np.array([s.nodes for s in multi]), np.array([s.gpus for s in multi]))
+        self._m_unit = self._m_over / np.maximum(grow, 1.0)
+
+    def _sync_of(self, s: StepLike) -> float:
+        """The all-reduce part of a multi-GPU measurement: its own or inferred one, else the
+        physical prior (reported bytes x seconds per byte), else none (0)."""
+        if s.sync_time > 0 or self.model_bytes <= 0:
+            return s.sync_time
+        unit = self.network.inter if s.nodes > 1 else self.network.intra
+        m = self.model_bytes * unit * float(growth(np.array(s.nodes), np.array(s.gpus)))
+        return min(m, 0.5 * s.step_time)
+
+    def unit_comm(self, inter: bool) -> list[float]:
+        """Measured all-reduce seconds per unit of growth (see :func:`growth`) of a kind."""
+        sel = self._m_inter if inter else ~self._m_inter
+        return [float(u) for u in self._m_unit[sel]]
 
     def compute(self, micro: np.ndarray) -> np.ndarray:
         """Seconds of forward/backward of one micro-step at per-GPU batch ``micro``."""
@@ -168,7 +225,11 @@ class ThroughputModel:
         b = np.asarray(micro, dtype=float)
         comp = self.compute(b)
         inter = n > 1
-        prior = np.where(inter, PRIOR_INTER, PRIOR_INTRA) * comp
+        if self.model_bytes > 0:
+            per = np.where(inter, self.network.inter, self.network.intra)
+            prior = self.model_bytes * per * growth(n, g)
+        else:
+            prior = np.where(inter, PRIOR_INTER, PRIOR_INTRA) * comp
         out = prior
         if len(self._m_over):
             q = np.stack([np.log2(np.maximum(n, 1)), np.log2(np.maximum(g, 1)), np.log2(b)], -1)
@@ -187,3 +248,20 @@ class ThroughputModel:
         comp = self.compute(micro)
         step = comp + self.overhead(nodes, gpus, micro)
         return np.asarray(step + (np.asarray(accum, dtype=float) - 1) * comp)
+
+
+def learn_network(models: Sequence[ThroughputModel]) -> Network:
+    """Seconds per gradient byte across all ``models`` that report their size: per kind, the
+    median over models of each model's median measured all-reduce per byte; the defaults
+    where no model measured a kind."""
+    out: list[float] = []
+    found: list[bool] = []
+    for inter, default in ((False, DEFAULT_INTRA_S_PER_BYTE), (True, DEFAULT_INTER_S_PER_BYTE)):
+        per_model = [
+            float(np.median(units)) / m.model_bytes
+            for m in models
+            if m.model_bytes > 0 and (units := m.unit_comm(inter))
+        ]
+        found.append(bool(per_model))
+        out.append(float(np.median(per_model)) if per_model else default)
+    return Network(intra=out[0], inter=out[1], measured=(found[0], found[1]))

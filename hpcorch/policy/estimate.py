@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
-from hpcorch.model.throughput import ThroughputModel
+from hpcorch.model.throughput import ThroughputModel, learn_network
+from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import JobView, Snapshot, StepSample
 
 BATCH_GRID = 10
@@ -32,7 +33,9 @@ class Estimates:
     gmin: np.ndarray
     """Smallest GPU count each job may run with."""
     models: dict[str, ThroughputModel] = field(default_factory=dict)
-    """Step-time model per application."""
+    """Step-time model per model key (see :mod:`hpcorch.policy.pooling`)."""
+    keys: dict[str, str] = field(default_factory=dict)
+    """Model key of each job (by job id)."""
     speed_now: np.ndarray | None = None
     """``speed_now[j, g]``: speed in the current epoch on ``g`` GPUs relative to the
     fastest count up to ``gmax`` (1 at the best, 0 where infeasible)."""
@@ -59,23 +62,43 @@ def estimate(
     n = len(jobs)
     total = snapshot.total_gpus
     per_node = max(snapshot.node_gpus) if snapshot.node_gpus else 1
+    key, hist_key = model_keys(jobs, snapshot.history)
     samples: dict[str, list[StepSample]] = {}
+    sizes: dict[str, list[int]] = {}
     stats: dict[str, list[tuple[float, float]]] = {}
+    refs_of: dict[str, list[np.ndarray]] = {}
     for h in snapshot.history:
-        samples.setdefault(h.application, []).extend(h.profile)
+        hk = hist_key[h.job_id]
+        samples.setdefault(hk, []).extend(h.profile)
+        if h.model_bytes > 0:
+            sizes.setdefault(hk, []).append(h.model_bytes)
+        if h.grad_history:
+            refs_of.setdefault(hk, []).append(_ratios(h.grad_history))
     for j in jobs:
-        samples.setdefault(j.application, []).extend(j.profile)
+        hk = key[j.job_id]
+        samples.setdefault(hk, []).extend(j.profile)
+        if j.model_bytes > 0:
+            sizes.setdefault(hk, []).append(j.model_bytes)
         if j.grad_sqr is not None and j.grad_var is not None:
-            stats.setdefault(j.application, []).append((j.grad_sqr, j.grad_var))
-    by_app: dict[str, list[int]] = {}
+            stats.setdefault(hk, []).append((j.grad_sqr, j.grad_var))
+    # jobs that share a model and their batch bounds share one table of step times
+    groups: dict[tuple[str, int, int, int, int], list[int]] = {}
     for i, j in enumerate(jobs):
-        by_app.setdefault(j.application, []).append(i)
+        bounds = (j.min_batch, j.max_batch, j.min_micro_batch, j.max_micro_batch)
+        groups.setdefault((key[j.job_id], *bounds), []).append(i)
+    size = {a: float(np.median(v)) for a, v in sizes.items()}
+    # the cluster's seconds per gradient byte, from every model that reports its size
+    network = learn_network(
+        [ThroughputModel(s, 1, size[a]) for a, s in samples.items() if a in size and s]
+    )
     gmax = np.zeros(n, dtype=np.int64)
     models: dict[str, ThroughputModel] = {}
-    for app, idx in by_app.items():
-        model = ThroughputModel(samples.get(app, ()), jobs[idx[0]].min_batch)
-        models[app] = model
-        cap = max(first_gpus, 1, math.ceil(explore * model.max_gpus_seen))
+    for (mk, *_), idx in groups.items():
+        if mk not in models:
+            models[mk] = ThroughputModel(
+                samples.get(mk, ()), jobs[idx[0]].min_batch, size.get(mk, 0.0), network
+            )
+        cap = max(first_gpus, 1, math.ceil(explore * models[mk].max_gpus_seen))
         for i in idx:
             j = jobs[i]
             gmax[i] = max(min(j.max_gpus, total, cap, gpu_cap), min(j.min_gpus, total))
@@ -84,8 +107,8 @@ def estimate(
     batch = np.zeros((n, width), dtype=np.int64)
     speed_now = np.zeros((n, width))
     remaining = np.zeros(n)
-    for app, idx in by_app.items():
-        model = models[app]
+    for (mk, *_), idx in groups.items():
+        model = models[mk]
         j0 = jobs[idx[0]]
         gm = int(gmax[idx].max())
         g = np.arange(1, gm + 1)
@@ -99,12 +122,8 @@ def estimate(
         nodes = -(-G // per_node)
         it = model.iteration_time(nodes.ravel(), G.ravel(), micro.ravel(), accum.ravel())
         it = np.where(ok, it.reshape(G.shape), np.inf)
-        refs = [
-            _ratios(h.grad_history)
-            for h in snapshot.history
-            if h.application == app and h.grad_history
-        ]
-        app_stats = stats.get(app)
+        refs = refs_of.get(mk, [])
+        app_stats = stats.get(mk)
         default = float(np.median([noise_ratio(a, b) for a, b in app_stats])) if app_stats else None
         rows = np.arange(gm)
         curves: dict[int, np.ndarray | None] = {}
@@ -165,6 +184,7 @@ def estimate(
         gmax=gmax,
         gmin=gmin,
         models=models,
+        keys=key,
         speed_now=speed_now,
         remaining=remaining,
     )

@@ -78,7 +78,7 @@ def _spread_or_fewer(
     """The faster of ``gpus`` spread over the most-free nodes and fewer GPUs on fewer."""
     spread = place_packed(list(free), gpus)
     job = snapshot.jobs[i]
-    model = est.models.get(job.application)
+    model = est.models.get(est.keys.get(job.job_id, job.application))
     t = float(est.time[i, gpus])
     if spread is None or model is None or not np.isfinite(t):
         return gpus, spread

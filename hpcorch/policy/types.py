@@ -128,6 +128,7 @@ class CompletedJob:
     profile: tuple[StepSample, ...] = ()
     grad_history: tuple[tuple[float, float], ...] = ()
     cpu_profile: tuple[CpuSample, ...] = ()
+    model_bytes: int = 0
 
 
 @dataclass(frozen=True)

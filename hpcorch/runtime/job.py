@@ -498,10 +498,16 @@ class ElasticJob:
 
     def _event_start(self, dataset_size: int, epochs: int) -> None:
         self._dataset_size = dataset_size
+        model = self._model
+        trained = [p for p in model.parameters() if p.requires_grad] if model is not None else []
         self.metrics.event(
             "start",
             dataset_size=dataset_size,
             epochs=epochs,
+            # what identifies the model and sizes its all-reduce (the scheduler's prior)
+            model=type(model).__name__ if model is not None else None,
+            params=sum(p.numel() for p in trained),
+            model_bytes=sum(p.numel() * p.element_size() for p in trained),
             step=self.global_step,
             epoch=self.epoch,
             offset=self.offset,

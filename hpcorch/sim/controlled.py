@@ -33,6 +33,7 @@ from hpcorch.sim.bound import lower_bound
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimConfig, SimResult
+from hpcorch.sim.regime import in_regime
 from hpcorch.sim.slurm_side import SimSlurm
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
@@ -118,6 +119,7 @@ def simulate_controlled(
         max_starts_per_cycle=max(64, len(workload)),
         settings=rules,
     )
+    policy = in_regime(policy, cfg.regime)
     timed = _Timed(policy, policy.name)
     cycles = 0
     with tempfile.TemporaryDirectory(prefix="hpcorch-sim-") as tmp:

@@ -245,6 +245,7 @@ class SimCluster:
                     profile=_samples(j),
                     cpus_per_gpu=j.cpus_per_gpu,
                     cpu_profile=_cpu_samples(j),
+                    model_bytes=app.model_bytes,
                 )
             )
         return out
@@ -267,6 +268,7 @@ class SimCluster:
             profile=_samples(j),
             grad_history=tuple(j.grad_history),
             cpu_profile=_cpu_samples(j),
+            model_bytes=j.app.model_bytes,
         )
 
     # -- actuation ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import numpy as np
 from hpcorch.policy.types import Plan, Policy, Snapshot, validate_plan
 from hpcorch.sim.bound import lower_bound
 from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.regime import Regime, in_regime
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -35,6 +36,8 @@ class SimConfig:
     """(application, seconds of data-loading CPU work per sample); others: 0."""
     cpus_per_gpu: int = 0
     """Fixed CPUs per GPU for every job whatever the policy chooses (0: the policy's)."""
+    regime: Regime = field(default_factory=Regime)
+    """What the policy knows of a job before it runs (see :mod:`hpcorch.sim.regime`)."""
 
     @property
     def node_gpus(self) -> tuple[int, ...]:
@@ -124,6 +127,7 @@ def simulate(
     cluster = SimCluster(
         workload, apps, cfg.node_gpus, cfg.restart_cost, cfg.node_cpus, dict(cfg.cpu_demand)
     )
+    policy = in_regime(policy, cfg.regime)
     decisions: list[float] = []
     while not cluster.all_done():
         if cluster.now > MAX_SIM_TIME:

@@ -473,6 +473,9 @@ class SimSlurm:
             line["epochs"] = app.epochs
             line["dataset_size"] = max(1, round(app.progress_per_epoch_hint * app.init_batch))
             line["epoch"] = m.epoch
+            line["model"] = app.name  # what the runtime reports of its model
+            line["params"] = app.model_bytes // 4
+            line["model_bytes"] = app.model_bytes
         j.lines.append(line)
 
     def _flush(self, j: SlurmJob, at: float) -> None:

@@ -30,6 +30,18 @@ EPOCHS: dict[str, int] = {
     "deepspeech2": 80,
     "yolov3": 50,
 }
+# Trainable parameters of the measured models (what a job's runtime would report): ResNet-18
+# (CIFAR-10), ResNet-50, BERT-base (SQuAD), YOLOv3 (Darknet-53, 20 VOC classes),
+# DeepSpeech2 (2 convolutions, 5 bidirectional GRU layers of 800), NeuMF (MovieLens-1M,
+# 32 factors, 3 MLP layers), as configured in the Pollux artifact's benchmark models.
+PARAMS: dict[str, int] = {
+    "cifar10": 11_173_962,
+    "imagenet": 25_557_032,
+    "bert": 108_893_186,
+    "yolov3": 61_626_049,
+    "deepspeech2": 41_200_000,
+    "ncf": 1_602_177,
+}
 # Per-GPU batch caps that differ from the largest measured one.
 MAX_MICRO_BATCH: dict[str, int] = {"yolov3": 8}
 MAX_INTERP_NODES = 16
@@ -197,6 +209,11 @@ class AppTrace:
         sqr, var = self.grad_stats(batch, epoch)
         scale = batch / self.init_batch
         return float((var + sqr) / (var / scale + sqr))
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of fp32 gradients one step all-reduces (0: unknown application)."""
+        return 4 * PARAMS.get(self.name, 0)
 
     @property
     def total_progress(self) -> float:

@@ -173,7 +173,9 @@ class JobSpec:
             if self.sidecar.live_batch:
                 parts.append("livebatch=1")
         if self.managed:
-            parts += [f"app={self.app or self.name}", f"dir={self.job_dir}"]
+            # no app: the job is pooled by the model its runtime reports, never by its name
+            parts += [f"app={self.app}"] if self.app else []
+            parts.append(f"dir={self.job_dir}")
         return f"{JOB_COMMENT_TAG}:" + ",".join(parts)
 
 

@@ -42,6 +42,9 @@ def test_signal_to_one_rank_stops_all_then_resume_on_one(tmp_path: Path) -> None
     start = events(jd, "start")[-1]
     assert (start["step"], start["gpus"], start["resumed"]) == (stop["step"], 1, True)
     assert start["global_batch"] == 48 and start["accum_steps"] == 6
+    # what the scheduler keys and sizes the model by: fp32 gradients of every parameter
+    assert start["params"] > 0 and start["model_bytes"] == 4 * start["params"]
+    assert isinstance(start["model"], str) and start["model"]
     seen: Counter[int] = Counter()
     for f in jd.glob("seen.*.jsonl"):
         for line in f.read_text().splitlines():

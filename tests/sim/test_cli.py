@@ -28,12 +28,13 @@ def test_json_shape(data_dir: Path, small_workload: Path, tmp_path: Path) -> Non
     doc = json.loads(out)
     assert [r["policy"] for r in doc["results"]] == ["fifo", "ones"]
     keys = {
-        "workload", "policy", "avg_jct", "p50_jct", "p99_jct", "makespan", "lower_bound",
+        "workload", "policy", "regime", "avg_jct", "p50_jct", "p99_jct", "makespan", "lower_bound",
         "utilization", "restarts_per_job", "decision_ms_mean", "decision_ms_max",
     }  # fmt: skip
     for r in doc["results"]:
         assert set(r) == keys
         assert r["workload"] == "small"
+        assert r["regime"] == "known"
         assert 0 < r["utilization"] <= 1
         assert r["avg_jct"] >= r["lower_bound"]
     assert png.stat().st_size > 1000
