@@ -30,6 +30,7 @@ import numpy as np
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.placement import place_schedule
+from hpcorch.policy.probe import needs_probe, probe_batches
 from hpcorch.policy.types import Plan, Snapshot
 
 
@@ -68,6 +69,11 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
+    probe: bool = True
+    """Plan a running job measured at one per-GPU batch only at another for a round (a
+    batch-only change, no restart: :mod:`hpcorch.policy.probe`)."""
+    probe_hold: bool = True
+    """Such a job keeps its GPUs until it has measured the probe (it may be preempted)."""
     sees_fixed: bool = True
     """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
     (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
@@ -130,6 +136,9 @@ class OnesPolicy:
         value[over] = -np.inf
         pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
         value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
+        if self.probe and self.probe_hold:
+            probing = np.array(needs_probe(jobs, est), dtype=bool) & ~pinned
+            value[probing[:, None] & change & (cols > 0)] = -np.inf
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
 
         seeds = [ops.fill(ops.repair(np.minimum(cur, est.gmax))), ops.fill(np.zeros(n, np.int64))]
@@ -159,7 +168,10 @@ class OnesPolicy:
         order = np.argsort(-fit, kind="stable")
         pop = pop[order]
         self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
-        return fit_cpus(snapshot, place_schedule(snapshot, est, value, pop[0]))
+        plan = place_schedule(snapshot, est, value, pop[0])
+        if self.probe:
+            plan = probe_batches(jobs, est, plan)
+        return fit_cpus(snapshot, plan)
 
 
 class _Ops:
