@@ -41,7 +41,9 @@ class Reporting(FakeCluster):
 
     lines: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def read_metrics(self, job_dir: str, offset: int) -> tuple[Sequence[dict[str, Any]], int]:
+    def read_metrics(
+        self, job_dir: str, offset: int, uid: int = -1
+    ) -> tuple[Sequence[dict[str, Any]], int]:
         got = self.lines.get(job_dir, [])
         return got[offset:], len(got)
 

@@ -71,7 +71,7 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         name=printable(j.name),
         user=printable(j.user, 32),
         job_dir=t.job_dir,
-        app=t.app,
+        app=t.app or "",
         min_gpus=min_gpus,
         max_gpus=max_gpus,
         batch=batch,

@@ -20,8 +20,8 @@ from statistics import median
 import numpy as np
 
 from hpcorch.cluster import PoolNode
-from hpcorch.controller.reconcile import Settings, can_stop, target_shape
 from hpcorch.controller.identity import model_key
+from hpcorch.controller.reconcile import Settings, can_stop, target_shape
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample

@@ -8,13 +8,14 @@ iteration time), giving ``time[j, g]``: predicted seconds to finish on ``g`` GPU
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
-from hpcorch.model.throughput import ThroughputModel, learn_network
+from hpcorch.model.throughput import Network, ThroughputModel, learn_network
 from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import JobView, Snapshot, StepSample
 
@@ -41,6 +42,9 @@ class Estimates:
     fastest count up to ``gmax`` (1 at the best, 0 where infeasible)."""
     remaining: np.ndarray | None = None
     """Seconds to finish if every remaining epoch ran at its own best GPU count."""
+    network: Network | None = None
+    """The cluster's seconds per gradient byte learned from this round's models (a policy
+    that keeps state passes it to the next round's :func:`estimate`)."""
 
 
 def _grid(job: JobView, gcap: int) -> np.ndarray:
@@ -51,12 +55,18 @@ def _grid(job: JobView, gcap: int) -> np.ndarray:
 
 
 def estimate(
-    snapshot: Snapshot, explore: float = 2.0, gpu_cap: int = 64, first_gpus: int = 1
+    snapshot: Snapshot,
+    explore: float = 2.0,
+    gpu_cap: int = 64,
+    first_gpus: int = 1,
+    network: Network | None = None,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
     A job may get up to ``explore`` times the largest GPU count its application has been
     measured on, and at least ``first_gpus`` (the cap of a never-measured application).
+    ``network``: the seconds per gradient byte to model with (a previous round's
+    ``Estimates.network``); None: learned from this round's measurements first.
     """
     jobs = snapshot.jobs
     n = len(jobs)
@@ -88,9 +98,10 @@ def estimate(
         groups.setdefault((key[j.job_id], *bounds), []).append(i)
     size = {a: float(np.median(v)) for a, v in sizes.items()}
     # the cluster's seconds per gradient byte, from every model that reports its size
-    network = learn_network(
-        [ThroughputModel(s, 1, size[a]) for a, s in samples.items() if a in size and s]
-    )
+    if network is None:
+        network = learn_network(
+            [ThroughputModel(s, 1, size[a]) for a, s in samples.items() if a in size and s]
+        )
     gmax = np.zeros(n, dtype=np.int64)
     models: dict[str, ThroughputModel] = {}
     for (mk, *_), idx in groups.items():
@@ -185,6 +196,7 @@ def estimate(
         gmin=gmin,
         models=models,
         keys=key,
+        network=learn_network([m for m in models.values() if m.model_bytes > 0]),
         speed_now=speed_now,
         remaining=remaining,
     )
@@ -246,6 +258,7 @@ def _segments(work: np.ndarray, rho: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return w, r
 
 
+@functools.lru_cache(maxsize=4096)
 def _ratios(history: tuple[tuple[float, float], ...]) -> np.ndarray:
     """Noise ratio grad_var / grad_sqr per finished epoch."""
     arr = np.asarray(history, dtype=float).reshape(-1, 2)

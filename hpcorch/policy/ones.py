@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.placement import place_schedule
@@ -72,8 +73,9 @@ class OnesPolicy:
     probe: bool = True
     """Plan a running job measured at one per-GPU batch only at another for a round (a
     batch-only change, no restart: :mod:`hpcorch.policy.probe`)."""
-    probe_hold: bool = True
-    """Such a job keeps its GPUs until it has measured the probe (it may be preempted)."""
+    probe_hold_s: float = 150.0
+    """Such a job keeps its GPUs until it has measured the probe (it may be preempted),
+    for at most this long (a report that does not come must not pin it)."""
     sees_fixed: bool = True
     """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
     (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
@@ -81,6 +83,8 @@ class OnesPolicy:
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
+    _network: Network | None = None
+    _probing: dict[str, float] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         if self._rng is None:
@@ -91,7 +95,9 @@ class OnesPolicy:
             explore=self.explore,
             gpu_cap=self.max_job_gpus,
             first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
+            network=self._network,
         )
+        self._network = est.network  # the next round models with what this one learned
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
@@ -136,8 +142,11 @@ class OnesPolicy:
         value[over] = -np.inf
         pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
         value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
-        if self.probe and self.probe_hold:
+        if self.probe and self.probe_hold_s > 0:
             probing = np.array(needs_probe(jobs, est), dtype=bool) & ~pinned
+            for i in np.flatnonzero(probing):
+                since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
+                probing[i] = snapshot.now - since < self.probe_hold_s
             value[probing[:, None] & change & (cols > 0)] = -np.inf
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
 

@@ -44,15 +44,10 @@ def _compute_points(profile: Sequence[StepSample]) -> dict[int, float]:
     return out
 
 
-def _disagrees(own: dict[int, float], others: list[dict[int, float]]) -> bool:
-    merged: dict[int, list[float]] = {}
-    for pts in others:
-        for b, c in pts.items():
-            merged.setdefault(b, []).append(c)
-    if not own or not merged:
+def _disagrees(own: dict[int, float], curve: tuple[np.ndarray, np.ndarray] | None) -> bool:
+    if not own or curve is None:
         return False
-    bs = np.array(sorted(merged), dtype=float)
-    cs = np.array([float(np.median(merged[int(b)])) for b in bs])
+    bs, cs = curve
     ratios = []
     for b, c in own.items():
         # the band the others' curve allows at b: interpolated inside their batches;
@@ -93,11 +88,27 @@ def model_keys(
         for job_id, size, _pts in group:
             if size > 0 and median > 0 and abs(size / median - 1.0) > SIZE_TOLERANCE:
                 own.add(job_id)
-        for job_id, _, pts in group:
-            if job_id in own or not pts:
-                continue
-            rest = [p for k, _, p in group if k != job_id and k not in own and p]
-            if _disagrees(pts, rest):
+        measured = [(k, p) for k, _, p in group if k not in own and p]
+        merged: dict[int, list[float]] = {}
+        for _, pts in measured:
+            for b, c in pts.items():
+                merged.setdefault(b, []).append(c)
+        base = {b: float(np.median(v)) for b, v in merged.items()}
+        for job_id, pts in measured:
+            # the others' curve: the group's, less this job's own points (one pass per group)
+            others = dict(base)
+            for b, c in pts.items():
+                rest = list(merged[b])
+                rest.remove(c)
+                if rest:
+                    others[b] = float(np.median(rest))
+                else:
+                    del others[b]
+            curve = None
+            if others:
+                bs = np.array(sorted(others), dtype=float)
+                curve = (bs, np.array([others[int(b)] for b in bs]))
+            if _disagrees(pts, curve):
                 own.add(job_id)
 
     def key(app: str, job_id: str) -> str:

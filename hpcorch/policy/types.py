@@ -101,6 +101,8 @@ class JobView:
     resizable: bool = True
     """False for a job that cannot be stopped and resumed now: once running, it keeps its
     GPUs."""
+    model_bytes: int = 0
+    """Bytes of gradients the job all-reduces per step, as it reports them (0: unknown)."""
     rebatch: bool = True
     """True when the job takes a new global batch at its next step without a restart (the
     runtime's managed mode): a batch-only change is free. False: its batch changes only
@@ -129,6 +131,7 @@ class CompletedJob:
     grad_history: tuple[tuple[float, float], ...] = ()
     cpu_profile: tuple[CpuSample, ...] = ()
     model_bytes: int = 0
+    """Gradient bytes per step it reported (0: unknown)."""
 
 
 @dataclass(frozen=True)
