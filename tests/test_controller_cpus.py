@@ -124,13 +124,14 @@ def test_a_schema_4_store_of_either_line_gains_every_column(
     """Schema 4 was numbered twice while two lines of work ran side by side (exact
     placements: node_gpus; the controller's trust: uid, start_failures, retry_at): a store
     of either opens at the current schema with all of them (and schema 6's ready_at and
-    samples.epoch), its rows kept."""
+    samples.epoch, schema 7's fingerprint and model_bytes), its rows kept."""
     path = tmp_path / "state.db"
     store = Store(path)
     store.put_job(JobRecord(3, "k", "n", "u", "/d", "a", 1, 2, 64, 64, 64, 0.0, "queued", 0.0))
     store.close()
     db = sqlite3.connect(path)
-    for name in ("node_gpus", "uid", "start_failures", "retry_at", "forced_at", "ready_at"):
+    added = ("forced_at", "ready_at", "fingerprint", "model_bytes")
+    for name in ("node_gpus", "uid", "start_failures", "retry_at", *added):
         if name not in columns:
             db.execute(f"ALTER TABLE jobs DROP COLUMN {name}")
     db.execute("ALTER TABLE samples DROP COLUMN epoch")
@@ -139,9 +140,9 @@ def test_a_schema_4_store_of_either_line_gains_every_column(
     db.close()
     store = Store(path)
     have = {r[1] for r in store.db.execute("PRAGMA table_info(jobs)")}
-    assert {"node_gpus", "uid", "start_failures", "retry_at", "forced_at", "ready_at"} <= have
+    assert {"node_gpus", "uid", "start_failures", "retry_at", *added} <= have
     assert "epoch" in {r[1] for r in store.db.execute("PRAGMA table_info(samples)")}
     rec = store.job(3)
     assert rec is not None and rec.uid == -1 and rec.node_gpus == "" and rec.forced_at == 0.0
-    assert rec.ready_at == 0.0
-    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "6"
+    assert rec.ready_at == 0.0 and rec.fingerprint == "" and rec.model_bytes == 0
+    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "7"

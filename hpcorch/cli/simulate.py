@@ -202,7 +202,7 @@ def _workload_path(value: Path, data: Path) -> Path:
     "--declared-epochs",
     default=1.0,
     show_default=True,
-    type=click.FloatRange(min=0.01, max=100.0),
+    type=params.Number(0.01, 100.0),
     help="Epochs the jobs declare, as a multiple of those they really need (robustness).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")

@@ -13,6 +13,7 @@ from typing import Any
 from hpcorch.controller.identity import fingerprint, model_bytes
 from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.controller.validate import MAX_COUNT, as_float, as_int, printable, steps_line
+from hpcorch.protocol import MAX_DECLARED_EPOCHS
 
 
 def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) -> Sample | None:
@@ -26,7 +27,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         rec.start_failures = 0  # it started for real: failed starts count from 0 again
         # when it started training (the job's own clock; reconcile.trained_since bounds it)
         rec.ready_at = as_float(line.get("time"), 0.0, 1e11) or rec.phase_since
-        epochs = as_int(line.get("epochs"), 1, 10**7)
+        epochs = as_int(line.get("epochs"), 1, MAX_DECLARED_EPOCHS)
         size = as_int(line.get("dataset_size"), 1, MAX_COUNT)
         if epochs:
             rec.epochs = epochs
