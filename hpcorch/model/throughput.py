@@ -151,6 +151,8 @@ class ThroughputModel:
                 sync = syncs.get((s.nodes, s.gpus))
                 uniq[key] = s if sync is None else _Sample(s, min(sync, 0.95 * s.step_time))
         self.samples = list(uniq.values())
+        self.micro_batches = {s.micro_batch for s in self.samples}
+        """Per-GPU batches measured."""
         self.max_gpus_seen = max((s.gpus for s in self.samples), default=0)
         # one GPU: no all-reduce, every micro-step is compute
         single = sorted(

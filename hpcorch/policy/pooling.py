@@ -18,6 +18,7 @@ Pure: jobs in, a key per job out.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -62,6 +63,20 @@ def _disagrees(own: dict[int, float], curve: tuple[np.ndarray, np.ndarray] | Non
     return float(np.median(ratios)) > 1.0 + COMPUTE_TOLERANCE
 
 
+def _median_without(vals: list[float], i: int) -> float:
+    """The median of sorted ``vals`` without the value at index ``i`` (-1: with all)."""
+    if i < 0:
+        n = len(vals)
+        mid = n // 2
+        return vals[mid] if n % 2 else 0.5 * (vals[mid - 1] + vals[mid])
+    m = len(vals) - 1
+
+    def at(k: int) -> float:
+        return vals[k if k < i else k + 1]
+
+    return at(m // 2) if m % 2 else 0.5 * (at(m // 2 - 1) + at(m // 2))
+
+
 def model_keys(
     jobs: Sequence[JobView], history: Sequence[CompletedJob] = ()
 ) -> tuple[dict[str, str], dict[str, str]]:
@@ -93,21 +108,22 @@ def model_keys(
         for _, pts in measured:
             for b, c in pts.items():
                 merged.setdefault(b, []).append(c)
-        base = {b: float(np.median(v)) for b, v in merged.items()}
+        ranked = {b: sorted(v) for b, v in merged.items()}
+        base = {b: _median_without(v, -1) for b, v in ranked.items()}
+        bs_all = np.array(sorted(base), dtype=float)
+        cs_all = np.array([base[int(b)] for b in bs_all])
         for job_id, pts in measured:
             # the others' curve: the group's, less this job's own points (one pass per group)
-            others = dict(base)
+            cs = cs_all.copy()
+            keep = np.ones(len(bs_all), dtype=bool)
             for b, c in pts.items():
-                rest = list(merged[b])
-                rest.remove(c)
-                if rest:
-                    others[b] = float(np.median(rest))
+                vals = ranked[b]
+                k = int(np.searchsorted(bs_all, b))
+                if len(vals) > 1:
+                    cs[k] = _median_without(vals, bisect.bisect_left(vals, c))
                 else:
-                    del others[b]
-            curve = None
-            if others:
-                bs = np.array(sorted(others), dtype=float)
-                curve = (bs, np.array([others[int(b)] for b in bs]))
+                    keep[k] = False
+            curve = (bs_all[keep], cs[keep]) if keep.any() else None
             if _disagrees(pts, curve):
                 own.add(job_id)
 

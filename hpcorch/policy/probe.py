@@ -22,8 +22,9 @@ from hpcorch.policy.types import JobPlan, JobView, Plan
 
 def _micro_seen(est: Estimates, job: JobView) -> set[int]:
     model = est.models.get(est.keys.get(job.job_id, job.application))
-    samples = model.samples if model is not None else job.profile
-    return {s.micro_batch for s in samples}
+    if model is None:
+        return {s.micro_batch for s in job.profile}
+    return model.micro_batches
 
 
 def _probe(job: JobView, p: JobPlan, seen: set[int]) -> JobPlan | None:
