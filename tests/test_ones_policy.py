@@ -95,19 +95,17 @@ def test_a_job_of_unknown_length_counts_as_a_typical_job_not_as_almost_done() ->
     assert one_gpu_time(naive.time, naive.gmin)[3] < 1.0
 
 
-def test_a_job_past_the_epochs_it_declared_is_not_taken_for_one_about_to_end() -> None:
-    """It declared 4 epochs and is in its 7th: it declared too few, so its length is as
-    unknown as an undeclared job's (a typical job), not a fraction of an epoch."""
-    jobs = (
-        _job("short", epoch=8, progress=8000.0),
-        _job("long", epoch=1, progress=1000.0),
-        _job("mid", epoch=5, progress=5000.0),
-        _job("over", max_epochs=4, epoch=6, progress=6500.0),
-    )
-    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs, restart_cost_s=24.5)
-    work = one_gpu_time(estimate(snap).time, estimate(snap).gmin)
-    assert work[3] == pytest.approx(work[2], rel=1e-6)  # the median of the other three
-    assert work[3] > work[0]  # longer than a job two epochs from its end
+def test_a_job_past_the_epochs_it_declared_may_still_be_resized() -> None:
+    """A job in its last seconds is never resized (the restart would cost more than it
+    saves). One past the epochs it declared looks the same, but it declared too few: its
+    end is unknown, so the freeze does not hold it on one GPU of an idle node."""
+    run = {"gpus": 1, "placement": {0: 1}, "batch": 32, "micro_batch": 16, "accum_steps": 2}
+    over = _job("j", max_epochs=4, epoch=6, progress=6990.0, **run)  # type: ignore[arg-type]
+    last = replace(over, max_epochs=7)  # the same job, declared right: in its last second
+    for job, grows in ((over, True), (last, False)):
+        # a cheap restart, so that only the freeze can keep it where it is
+        snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(job,), restart_cost_s=0.5)
+        assert (OnesPolicy(seed=0).schedule(snap).by_id()["j"].gpus > 1) is grows
 
 
 def test_a_job_that_needs_two_gpus_is_not_starved_by_its_priority() -> None:

@@ -219,12 +219,10 @@ def _typical_length(
     jobs: tuple[JobView, ...], time: np.ndarray, remaining: np.ndarray, gmin: np.ndarray
 ) -> None:
     """A job of unknown length (``JobView.length_known`` False: one placeholder epoch of
-    one step, a fraction of a second; or a job trained past the epochs it declared, which
-    would look a fraction of an epoch from its end for as long as it runs) is scaled, in
-    place, to the median remaining work of the jobs whose length is known, keeping its own
-    speed-up over GPU counts; without any such job all are alike and left as they are."""
-    # a job past the epochs it declared declared too few: its length is not known either
-    unknown = np.array([not j.length_known or j.epoch >= j.max_epochs for j in jobs], dtype=bool)
+    one step, a fraction of a second) is scaled, in place, to the median remaining work
+    of the jobs whose length is known, keeping its own speed-up over GPU counts; without
+    any such job all are alike and left as they are."""
+    unknown = np.array([not j.length_known for j in jobs], dtype=bool)
     if not unknown.any() or unknown.all():
         return
     work = one_gpu_time(time, gmin)
