@@ -95,19 +95,6 @@ def test_a_job_of_unknown_length_counts_as_a_typical_job_not_as_almost_done() ->
     assert one_gpu_time(naive.time, naive.gmin)[3] < 1.0
 
 
-def test_a_job_past_the_epochs_it_declared_may_still_be_resized() -> None:
-    """A job in its last seconds is never resized (the restart would cost more than it
-    saves). One past the epochs it declared looks the same, but it declared too few: its
-    end is unknown, so the freeze does not hold it on one GPU of an idle node."""
-    run = {"gpus": 1, "placement": {0: 1}, "batch": 32, "micro_batch": 16, "accum_steps": 2}
-    over = _job("j", max_epochs=4, epoch=6, progress=6990.0, **run)  # type: ignore[arg-type]
-    last = replace(over, max_epochs=7)  # the same job, declared right: in its last second
-    for job, grows in ((over, True), (last, False)):
-        # a cheap restart, so that only the freeze can keep it where it is
-        snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(job,), restart_cost_s=0.5)
-        assert (OnesPolicy(seed=0).schedule(snap).by_id()["j"].gpus > 1) is grows
-
-
 def test_a_job_that_needs_two_gpus_is_not_starved_by_its_priority() -> None:
     """Two queued jobs on two GPUs: the one that needs both is nearly done, the other has
     its whole run ahead. Shortest remaining first gives the GPUs to the first; a one-GPU

@@ -117,9 +117,7 @@ class OnesPolicy:
         t = np.where(change & running, t / (1.0 - self.hysteresis), t)
         # A job about to finish is never resized: the restart would cost more than it saves.
         t_now = est.time[np.arange(n), cur][:, None]
-        # (not a job past the epochs it declared: it declared too few, its end is unknown)
-        overrun = np.array([j.epoch >= j.max_epochs for j in jobs], dtype=bool)[:, None]
-        ending = running & (t_now < self.min_resize_s) & (cols > 0) & ~overrun
+        ending = running & (t_now < self.min_resize_s) & (cols > 0)
         t = np.where(ending & change, np.inf, t)
         with np.errstate(divide="ignore"):
             value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
