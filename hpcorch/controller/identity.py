@@ -18,16 +18,16 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hpcorch.controller.validate import as_int
+
 MAX_NAME = 64
 MAX_COUNT = 10**13
 _SAFE = re.compile(r"[^A-Za-z0-9_.+-]")
 
 
 def _count(value: Any) -> int:
-    """A non-negative integer the job reported, or 0 (absent, wrong type, out of bounds)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_COUNT:
-        return 0
-    return value
+    """A positive integer the job reported, or 0 (absent, wrong type, out of bounds)."""
+    return as_int(value, 1, MAX_COUNT) or 0
 
 
 def fingerprint(model: Any, params: Any, dataset_size: Any) -> str:

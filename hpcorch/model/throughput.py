@@ -78,8 +78,6 @@ class Network:
     """Within one node, per GPU beyond the first."""
     inter: float = DEFAULT_INTER_S_PER_BYTE
     """Across nodes."""
-    measured: tuple[bool, bool] = (False, False)
-    """Whether ``intra`` / ``inter`` come from measurements (else the defaults)."""
 
 
 def growth(nodes: np.ndarray, gpus: np.ndarray) -> np.ndarray:
@@ -257,13 +255,11 @@ def learn_network(models: Sequence[ThroughputModel]) -> Network:
     median over models of each model's median measured all-reduce per byte; the defaults
     where no model measured a kind."""
     out: list[float] = []
-    found: list[bool] = []
     for inter, default in ((False, DEFAULT_INTRA_S_PER_BYTE), (True, DEFAULT_INTER_S_PER_BYTE)):
         per_model = [
             float(np.median(units)) / m.model_bytes
             for m in models
             if m.model_bytes > 0 and (units := m.unit_comm(inter))
         ]
-        found.append(bool(per_model))
         out.append(float(np.median(per_model)) if per_model else default)
-    return Network(intra=out[0], inter=out[1], measured=(found[0], found[1]))
+    return Network(intra=out[0], inter=out[1])

@@ -144,6 +144,9 @@ class OnesPolicy:
         value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
         if self.probe and self.probe_hold_s > 0:
             probing = np.array(needs_probe(jobs, est), dtype=bool) & ~pinned
+            # only the jobs still in the pool: a controller runs for months
+            here = {j.job_id for j in jobs}
+            self._probing = {k: v for k, v in self._probing.items() if k in here}
             for i in np.flatnonzero(probing):
                 since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
                 probing[i] = snapshot.now - since < self.probe_hold_s
