@@ -87,3 +87,25 @@ def test_the_controller_keys_jobs_by_owner_app_and_fingerprint(tmp_path: Path) -
         "4": (fp, 1000),
         "5": ("job:5", 0),
     }
+
+
+def test_a_hostile_start_event_neither_keys_nor_stops_the_loop(tmp_path: Path) -> None:
+    """A job's script writes its start event: model fields of every wrong kind leave its
+    key at ``job:<id>`` and its size at 0, and the job beside it is keyed as usual."""
+    cluster = Reporting(nodes=4)
+    bad = {"event": "start", "epochs": 3, "dataset_size": 1000, "model": {"x": 1},
+           "params": float("nan"), "model_bytes": -(10**30)}  # fmt: skip
+    good = {"event": "start", "epochs": 3, "dataset_size": 1000, "model": "Net",
+            "params": 250, "model_bytes": 1000}  # fmt: skip
+    for sid, line in ((1, bad), (2, good), (3, {**good, "model": "../" * 400})):
+        cluster.add(sid, 1, 4)
+        cluster.set(sid, user="u", name="train", tags=dict(cluster.jobs[sid].job.tags))
+        cluster.lines[f"/jobs/{sid}"] = [line]
+    policy = Recorder()
+    ctl = Controller(cluster, Store(tmp_path / "s.db"), policy, CFG, log=lambda m: None)
+    for _ in range(4):
+        ctl.cycle()
+        cluster.t += 1
+    assert policy.seen["1"] == ("job:1", 0)
+    assert policy.seen["2"] == ("model:Net:250:1000", 1000)
+    assert policy.seen["3"] == ("model:" + "." * 64 + ":250:1000", 1000)
