@@ -1,6 +1,7 @@
 """Shared fixtures. ``slurm_pool`` brings up a real Slurm pool with the project's own
 slurm/pool script (in .run/test-pool; port base $HPCORCH_TEST_POOL_PORT, by default one
-derived from the checkout's path)."""
+derived from the checkout's path). Every pool runs the Slurm release $HPCORCH_SLURM names
+(22.05, Debian's, by default; 23.11, 24.11 or 25.11 are built once by slurm/build)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from hpcorch.slurm.parse import SlurmJob, parse_squeue
 
 REPO = Path(__file__).resolve().parent.parent
 POOL_SCRIPT = REPO / "slurm" / "pool"
@@ -44,16 +47,14 @@ class Pool:
     def hpcorch(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run(sys.executable, "-m", "hpcorch", *args, check=check)
 
-    def squeue(self) -> dict[int, dict[str, Any]]:
-        doc = json.loads(self.run("squeue", "--json").stdout)
-        return {j["job_id"]: j for j in doc["jobs"]}
+    def squeue(self) -> dict[int, SlurmJob]:
+        """Every job slurmctld holds, parsed as hpcorch parses them (any Slurm release)."""
+        doc = json.loads(self.run("squeue", "--json", "--states=all").stdout)
+        return {j.job_id: j for j in parse_squeue(doc)}
 
     def state(self, job_id: int) -> str:
         job = self.squeue().get(job_id)
-        if job is None:
-            return "GONE"
-        state = job["job_state"]
-        return str(state[0] if isinstance(state, list) else state)
+        return "GONE" if job is None else job.state
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 120) -> str:
         deadline = time.time() + timeout
@@ -78,6 +79,26 @@ def _slurm_installed() -> bool:
     return all(shutil.which(x) for x in ("slurmctld", "slurmd", "sbatch", "munged"))
 
 
+def pool_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with what ``slurm/pool env`` exports for the pool of ``HPCORCH_POOL_DIR``
+    (SLURM_CONF; PATH and LD_LIBRARY_PATH when it runs a built Slurm)."""
+    res = subprocess.run(
+        ["bash", "-c", f'eval "$({POOL_SCRIPT} env)" && env -0'],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out = dict(item.split("=", 1) for item in res.stdout.split("\0") if "=" in item)
+    keys = ("SLURM_CONF", "HPCORCH_POOL_DIR", "PATH", "LD_LIBRARY_PATH")
+    return {**env, **{k: out[k] for k in keys if k in out}}
+
+
+def slurm_release() -> str:
+    """The Slurm release the test pools run: $HPCORCH_SLURM, else Debian's 22.05."""
+    return os.environ.get("HPCORCH_SLURM") or "22.05"
+
+
 @pytest.fixture(scope="session")
 def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     if not _slurm_installed():
@@ -87,14 +108,13 @@ def slurm_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     pool_dir = Path(os.environ.get("HPCORCH_TEST_POOL_DIR", REPO / ".run" / "test-pool"))
     port = str(pool_port_base())
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
-    subprocess.run(
-        [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4", "--port-base", port],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
+    argv = [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4", "--port-base", port]
+    res = subprocess.run(
+        [*argv, "--slurm", slurm_release()], env=env, capture_output=True, text=True
     )
-    env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
+    if res.returncode != 0:
+        raise AssertionError(f"slurm/pool up failed: {res.stderr[-2000:]}")
+    env = pool_env(env)
     home = tmp_path_factory.mktemp("hpcorch-home")
     env["HPCORCH_HOME"] = str(home)
     # one spool for every test's controller (each has its own state directory): submit
@@ -132,11 +152,11 @@ def accounting_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     argv = [str(POOL_SCRIPT), "up", "--nodes", "4", "--gpus-per-node", "4"]
     argv += ["--port-base", str(port), "--accounting", "--node-prefix", "gpu-a"]
-    argv += ["--node-digits", "3", "--min-job-age", "5"]
+    argv += ["--node-digits", "3", "--min-job-age", "5", "--slurm", slurm_release()]
     res = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise AssertionError(f"slurm/pool up --accounting failed: {res.stderr[-2000:]}")
-    env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
+    env = pool_env(env)
     home = tmp_path_factory.mktemp("hpcorch-home-acct")
     env["HPCORCH_HOME"] = str(home)
     env["PYTHONUNBUFFERED"] = "1"

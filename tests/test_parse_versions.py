@@ -152,7 +152,7 @@ class RecordedSlurm(SlurmCLI):
         self.calls += 1
         self.argv.append(list(argv))
         name = {
-            ("squeue", "--json"): "squeue.json",
+            ("squeue", "--json", "--states=all"): "squeue.json",
             ("sinfo", "--json"): "sinfo.json",
             ("scontrol", "show", "nodes", "--json"): "scontrol-nodes.json",
         }[tuple(argv)]

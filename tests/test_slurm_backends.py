@@ -67,11 +67,9 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
          "TresPerNode=gres:gpu:2", "ReqNodeList="],
         # uneven: one GPU count for the job on exactly these nodes; its CPUs spread evenly
         ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerNode=",
-         "TresPerJob=gres:gpu:6", "CpusPerTres=gres:gpu:2", "MinCPUsNode=6",
-         "ReqNodeList=n3,n1"],
+         "TresPerJob=gres:gpu:6", "MinCPUsNode=6", "NumCPUs=12", "ReqNodeList=n3,n1"],
         ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerJob=",
-         "TresPerNode=gres:gpu:2", "CpusPerTres=gres:gpu:3", "MinCPUsNode=6",
-         "ReqNodeList=n1,n2"],
+         "TresPerNode=gres:gpu:2", "MinCPUsNode=6", "NumCPUs=12", "ReqNodeList=n1,n2"],
         ["scontrol", "update", "jobid=12", "StartTime=now"],
         ["scontrol", "update", "jobid=12", "Comment=hpcorch:id=a b,min=1"],
         ["scontrol", "hold", "12"],
@@ -116,7 +114,10 @@ class ReservationCLI(RecordingCLI):
     """A reservation whose end moves when it is extended (unless the update fails)."""
 
     def __init__(self, end: float) -> None:
-        empty = {("squeue", "--json"): '{"jobs": []}', ("sinfo", "--json"): '{"nodes": []}'}
+        empty = {
+            ("squeue", "--json", "--states=all"): '{"jobs": []}',
+            ("sinfo", "--json"): '{"nodes": []}',
+        }
         super().__init__(empty)
         self.end = end
 

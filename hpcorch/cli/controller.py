@@ -29,9 +29,10 @@ from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.protocol import JOB_COMMENT_TAG
 from hpcorch.slurm.cluster import SlurmCluster
-from hpcorch.slurm.factory import make_backend
+from hpcorch.slurm.factory import backend_name, make_backend
 from hpcorch.slurm.files import Spool
 from hpcorch.slurm.script import parse_comment
+from hpcorch.slurm.version import behaviour, check_supported
 from hpcorch.status import fmt_duration, render_table
 
 state_dir_option = click.option(
@@ -215,6 +216,9 @@ def controller(
             _check_reservation(store, directory, reservation, adopt)
             _prepare_spool(directory, spool_root)
             cluster = SlurmCluster(reservation, spool=spool_root)
+            version = check_supported(cluster.backend.version())
+            cluster.backend.use(behaviour(version))
+            log.info("Slurm %s (slurmctld), through %s", version, backend_name(cluster.backend))
             if nodes is None:
                 part = partition or cluster.backend.partitions()[1]
                 nodes = ",".join(

@@ -31,6 +31,7 @@ from hpcorch.slurm.parse import (
     parse_squeue,
     parse_sshare,
 )
+from hpcorch.slurm.version import SlurmBehaviour, SlurmVersion, parse_version
 
 RESERVATION_DURATION = "3650-00:00:00"
 """How long a new reservation lasts: ten years, renewed by the controller long before it
@@ -47,6 +48,14 @@ class SlurmBackend(Protocol):
         ...
 
     # queries
+    def version(self) -> SlurmVersion:
+        """The release slurmctld runs (not the commands': they may be older)."""
+        ...
+
+    def use(self, behaviour: SlurmBehaviour) -> None:
+        """Talk to Slurm as ``behaviour``'s release expects (after :meth:`version`)."""
+        ...
+
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         """Every job Slurm knows, or only those of ``reservation``."""
         ...
@@ -185,10 +194,26 @@ class SlurmCLI:
         return doc
 
     # --- queries ------------------------------------------------------------------------
+    def version(self) -> SlurmVersion:
+        out = self.run(["scontrol", "show", "config"])
+        try:
+            return parse_version(out)
+        except ValueError as exc:
+            raise SlurmCommandError(f"scontrol show config names no Slurm version: {exc}") from exc
+
+    def use(self, behaviour: SlurmBehaviour) -> None:
+        self._nodes_argv = (
+            ["scontrol", "show", "nodes", "--json"]
+            if behaviour.nodes_from_scontrol
+            else ["sinfo", "--json"]
+        )
+
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
-        filters with --json: the others are dropped before they are parsed)."""
-        return parse_squeue(self._json(["squeue", "--json"]), reservation)
+        filters with --json: the others are dropped before they are parsed). From 23.02
+        on, ``squeue --json`` lists only pending and running jobs unless asked for every
+        state: a job that has just ended is in the answer only with ``--states=all``."""
+        return parse_squeue(self._json(["squeue", "--json", "--states=all"]), reservation)
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json(self._nodes_argv)
@@ -344,14 +369,16 @@ def shape_args(
     free GPUs leave that one choice, which the controller waits for. The other form is
     cleared, so a job can go from one to the other between launches.
 
-    CPUs: ``CpusPerTres`` alone does not change the CPUs of an allocation after submit on
-    22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs); the
-    per-node minimum ``MinCPUsNode`` does, and is set to the GPUs' CPUs on each node. For
-    an uneven job Slurm spreads the job's CPUs (GPUs x CPUs per GPU) over its nodes itself
-    (evenly on the local pool: 3 and 3 for 4+2 GPUs at 1 per GPU), and a per-node minimum
-    above that average left the job pending while another job held GPUs on one of its
-    nodes; so the minimum is that average, and the job wrapper gives every task the CPUs
-    per GPU of the leanest node.
+    CPUs: never ``CpusPerTres``. It does not change the CPUs of an allocation after submit
+    on 22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs), and
+    23.11+ keeps the CPUs it implied at a job's first scheduling through every later update
+    (a job started at 4 GPUs x 2 CPUs and reshaped to 2 GPUs still needed 8 CPUs on 4
+    cores: pending for Resources on an idle node). The job's CPUs are its per-node minimum
+    ``MinCPUsNode`` (the GPUs' CPUs on each node) and its total ``NumCPUs``. For an uneven
+    job Slurm spreads the total over its nodes itself (evenly on the local pool: 3 and 3
+    for 4+2 GPUs at 1 per GPU), and a per-node minimum above that average left the job
+    pending while another job held GPUs on one of its nodes; so the minimum is that
+    average, and the job wrapper gives every task the CPUs per GPU of the leanest node.
     """
     counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
     uneven = len(set(counts)) > 1
@@ -361,8 +388,9 @@ def shape_args(
         gres = ["TresPerJob=", f"TresPerNode=gres:gpu:{gpus_per_node}"]
     cpus = []
     if cpus_per_gpu > 0:
-        least = cpus_per_gpu * sum(counts) // len(counts) if uneven else cpus_per_gpu * max(counts)
-        cpus = [f"CpusPerTres=gres:gpu:{cpus_per_gpu}", f"MinCPUsNode={max(1, least)}"]
+        total = cpus_per_gpu * sum(counts)
+        least = total // len(counts) if uneven else cpus_per_gpu * max(counts)
+        cpus = [f"MinCPUsNode={max(1, least)}", f"NumCPUs={total}"]
     return [f"NumNodes={nodes}-{nodes}", *gres, *cpus, f"ReqNodeList={','.join(node_names)}"]
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
-from hpcorch.protocol import CHECKPOINT_SIGNAL, METRICS_FILE
+from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
@@ -179,8 +179,9 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
-            if j.cpus_per_gpu:
-                cpus_per_gpu[j.job_id] = j.cpus_per_gpu
+            cpus = j.cpus_per_gpu or _cpus_tag(tags)
+            if cpus:
+                cpus_per_gpu[j.job_id] = cpus
             observed.append(
                 ObservedJob(
                     slurm_id=j.job_id,
@@ -265,6 +266,14 @@ class SlurmCluster:
 
     def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         return read_lines(f"{job_dir.rstrip('/')}/{METRICS_FILE}", offset, uid)
+
+
+def _cpus_tag(tags: dict[str, str]) -> int:
+    """The CPUs per GPU a job's comment keeps (``cpus=``), 0 when absent or out of bounds."""
+    raw = tags.get("cpus", "")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 4):
+        return 0
+    return int(raw) if 1 <= int(raw) <= MAX_CPUS_PER_GPU else 0
 
 
 def _date(t: float) -> str:

@@ -65,3 +65,8 @@ def make_backend(env: Mapping[str, str] | None = None) -> SlurmBackend:
     from hpcorch.slurm.pyslurm_backend import PySlurmBackend
 
     return PySlurmBackend(module)
+
+
+def backend_name(backend: SlurmBackend) -> str:
+    """How the log names ``backend``: "pyslurm" or "Slurm's commands"."""
+    return "pyslurm" if type(backend).__name__ == "PySlurmBackend" else "Slurm's commands"

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation, gpus_in
+from hpcorch.slurm.version import SlurmBehaviour, SlurmVersion
 
 T = TypeVar("T")
 
@@ -311,6 +312,13 @@ class PySlurmBackend:
         return list(collection.values() if hasattr(collection, "values") else collection)
 
     # --- queries ------------------------------------------------------------------------
+    def version(self) -> SlurmVersion:
+        """slurmctld's release, as ``scontrol show config`` gives it (once, at start)."""
+        return self.cli.version()
+
+    def use(self, behaviour: SlurmBehaviour) -> None:
+        self.cli.use(behaviour)
+
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
         return [

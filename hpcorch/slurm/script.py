@@ -154,6 +154,8 @@ class JobSpec:
             parts.append(f"micro={self.max_per_gpu_batch}")
         if self.min_cpus_per_gpu:
             parts.append(f"mincpus={self.min_cpus_per_gpu}")
+        if self.managed:
+            parts.append(f"cpus={self.cpus_per_gpu}")
         if self.time_budget_s:
             parts.append(f"budget={self.time_budget_s}")
         if self.max_relaunches >= 0:
@@ -232,8 +234,12 @@ def render_batch_script(spec: JobSpec) -> str:
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes}",
         f"--gres=gpu:{spec.gpus_per_node}",
-        # per GPU, not per task: CPUs follow the GPU count when a job is reshaped
-        f"--cpus-per-gpu={spec.cpus_per_gpu}",
+        # A job the controller reshapes asks for its CPUs per node, and its comment keeps
+        # the CPUs per GPU (``cpus=``): Slurm 23.11+ keeps a job's first CPUs-per-GPU total
+        # through every later update, so a job asked --cpus-per-gpu could never shrink.
+        f"--mincpus={spec.gpus_per_node * spec.cpus_per_gpu}"
+        if spec.managed
+        else f"--cpus-per-gpu={spec.cpus_per_gpu}",
     ]
     if spec.partition:
         sb.append(f"--partition={check_sbatch_path(spec.partition, 'partition')}")

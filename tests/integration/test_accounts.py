@@ -80,8 +80,8 @@ def test_account_and_qos_through_submit_and_resize(accounting_pool: Pool, tmp_pa
             ctl.log,
         )
         seen = pool.squeue()
-        assert (seen[a]["account"], seen[a]["qos"]) == ("ml", "high"), seen[a]
-        assert seen[b]["account"] == "physics", seen[b]
+        assert (seen[a].account, seen[a].qos) == ("ml", "high"), seen[a]
+        assert seen[b].account == "physics", seen[b]
 
         def accounted() -> str:  # slurmdbd records the job a moment after slurmctld
             sacct = ("sacct", "-j", str(a), "-X", "-P", "-n", "-o", "Account,QOS")

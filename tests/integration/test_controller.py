@@ -86,8 +86,4 @@ def test_grows_and_shrinks_three_jobs(env_pool: Pool, tmp_path: Path) -> None:
 
 def _gpus(pool: Pool, job: int) -> int:
     j = pool.squeue().get(job)
-    if not j or not j.get("nodes"):
-        return 0
-    from hpcorch.slurm.parse import gpus_in
-
-    return gpus_in(j["tres_per_node"]) * int(j["node_count"])
+    return j.gpus if j and j.nodes else 0

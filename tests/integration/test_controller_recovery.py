@@ -99,12 +99,12 @@ def test_slurmd_killed_under_a_running_job(env_pool: Pool, tmp_path: Path) -> No
         wait_for(
             "a periodic checkpoint", lambda: bool(events(env_pool, a, "checkpoint")), 180, ctl.log
         )
-        node = env_pool.squeue()[a]["nodes"]
+        node = env_pool.squeue()[a].nodes
         pid = int((env_pool.dir / "run" / f"slurmd-{node}.pid").read_text())
         os.kill(pid, 9)
         wait_for(
             "Slurm to requeue the job",
-            lambda: env_pool.squeue()[a]["restart_cnt"] >= 1,
+            lambda: env_pool.squeue()[a].restarts >= 1,
             120,
             ctl.log,
         )
@@ -291,9 +291,9 @@ def test_a_user_cannot_resize_another_users_job(env_pool: Pool, tmp_path: Path) 
         assert r.stderr.startswith(f"Error: job {job} is not yours: Slurm refused the change"), (
             r.stderr
         )
-        assert "pin=" not in env_pool.squeue()[job]["comment"]
+        assert "pin=" not in env_pool.squeue()[job].comment
         # the owner (here root, who is also the admin) can
         env_pool.hpcorch("resize", str(job), "--gpus", "2")
-        assert "pin=2" in env_pool.squeue()[job]["comment"]
+        assert "pin=2" in env_pool.squeue()[job].comment
     finally:
         env_pool.run("scancel", str(job), check=False)

@@ -53,7 +53,7 @@ def test_node_down_past_timeout_never_two_launches(env_pool: Pool, tmp_path: Pat
             180,
             ctl.log,
         )
-        node = env_pool.squeue()[a]["nodes"]
+        node = env_pool.squeue()[a].nodes
         pid = int((env_pool.dir / "run" / f"slurmd-{node}.pid").read_text())
         os.kill(pid, 9)  # the node dies; its job's processes live on, cut off from Slurm
         wait_for(

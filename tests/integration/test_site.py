@@ -29,7 +29,7 @@ def test_slurm_checks_accounts_and_qos(accounting_pool: Pool) -> None:
     job = int(pool.run(*base, "--account=physics", "--qos=high").stdout.strip())
     pool.wait_state(job, {"COMPLETED"}, 60)
     seen = pool.squeue()[job]
-    assert (seen["account"], seen["qos"]) == ("physics", "high")
+    assert (seen.account, seen.qos) == ("physics", "high")
     out = pool.run("sacct", "-j", str(job), "-X", "-P", "-n", "-o", "Account,State,NodeList")
     assert re.fullmatch(r"physics\|COMPLETED\|gpu-a00[1-4]", out.stdout.strip()), out.stdout
 

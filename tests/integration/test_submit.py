@@ -146,7 +146,7 @@ def test_wrapper_standalone_forwards_the_checkpoint_signal(
     assert sorted(p.name for p in jdir.glob("ready-*")) == [f"ready-{r}" for r in range(4)]
     slurm_pool.run("scancel", "--signal=USR2", "--batch", str(job_id))
     slurm_pool.wait_state(job_id, {"FAILED", "COMPLETED"}, timeout=60)
-    doc = json.loads(slurm_pool.run("squeue", "--json").stdout)
+    doc = json.loads(slurm_pool.run("squeue", "--json", "--states=all").stdout)
     (job,) = [j for j in parse_squeue(doc) if j.job_id == job_id]
     assert job.exit_code == 75
     log = (tmp_path / "out.log").read_text()

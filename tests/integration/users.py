@@ -20,7 +20,7 @@ from typing import Any
 import click
 import numpy
 
-from tests.conftest import POOL_SCRIPT, REPO
+from tests.conftest import POOL_SCRIPT, REPO, pool_env, slurm_release
 
 CONTROLLER = "hpcorch"
 ALICE = "hpcorch-alice"
@@ -141,10 +141,9 @@ def start_site(port: int) -> Site:
         "HPCORCH_SLURM_BACKEND": "cli",
     }
     up = [str(POOL_SCRIPT), "up", "--nodes", "2", "--port-base", str(port)]
-    subprocess.run(
-        [*up, "--slurm-user", CONTROLLER], env=env, check=True, capture_output=True, text=True
-    )
-    env["SLURM_CONF"] = str(pool_dir / "etc" / "slurm.conf")
+    up += ["--slurm", slurm_release(), "--slurm-user", CONTROLLER]
+    subprocess.run(up, env=env, check=True, capture_output=True, text=True)
+    env = pool_env(env)
     return Site(root=root, site=site, pool_dir=pool_dir, env=env, uids=uids)
 
 
