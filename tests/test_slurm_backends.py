@@ -9,6 +9,7 @@ pyslurm 25.11's documented API; no real pyslurm or Slurm 25.11 is involved.
 
 from __future__ import annotations
 
+import enum
 import logging
 import sys
 import time
@@ -219,9 +220,16 @@ class FakeJob:
             working_directory="/home/alice",
             reservation="pool",
             priority=4294901756,
+            cpus=8,
+            cpus_per_task=1,  # None when the job asked CPUs per GPU (see job 9)
+            cpus_per_gpu=None,  # pyslurm 25.11 answers None for every real job
+            layout={},
         )
         defaults.update(kw)
         self.__dict__.update(defaults)
+
+    def get_resource_layout_per_node(self) -> dict[str, Any]:
+        return dict(self.layout)
 
     def send_signal(self, signal: Any, steps: str = "children", hurry: bool = False) -> None:
         self.log.append(("send_signal", self.id, signal, steps))
@@ -265,6 +273,32 @@ def fake_pyslurm(version: str = "25.11.0") -> types.ModuleType:
             exit_code_signal=15,
             time_limit=None,
         ),
+        9: FakeJob(  # as pyslurm 25.11 gives a job of --gres=gpu:2 --cpus-per-gpu=3 on n1
+            9,
+            log,
+            allocated_nodes="n1",
+            num_nodes=1,
+            gres_per_node={"gres/gpu": 2},  # Slurm's "gres/" prefix is kept
+            cpus=6,
+            cpus_per_task=None,
+            reservation="other",
+            layout={
+                "n1": {
+                    "cpu_ids": "0-5",
+                    "gres": {"gpu": {"count": 2, "indexes": "0-1"}},
+                    "memory": None,
+                }
+            },
+        ),
+        10: FakeJob(  # ended: its layout is no GPU in use
+            10,
+            log,
+            state="FAILED",
+            allocated_nodes="n1",
+            num_nodes=1,
+            exit_code=75,
+            layout={"n1": {"cpu_ids": "0", "gres": {"gpu": {"count": 4}}, "memory": None}},
+        ),
     }
     nodes = {
         "n1": Obj(
@@ -274,7 +308,8 @@ def fake_pyslurm(version: str = "25.11.0") -> types.ModuleType:
             partitions=["gpu"],
             total_cpus=64,
             configured_gres={"gpu:a100": 4},
-            alloc_gres={"gpu:a100": {"count": 2, "indexes": "0-1"}},
+            allocated_gres={},  # empty unless AccountingStorageTRES names gres/gpu
+            allocated_cpus=6,
             reason=None,
         ),
         "n2": Obj(
@@ -284,7 +319,8 @@ def fake_pyslurm(version: str = "25.11.0") -> types.ModuleType:
             partitions=["gpu", "debug"],
             total_cpus=64,
             configured_gres={"gpu": 4},
-            alloc_gres={},
+            allocated_gres={},
+            allocated_cpus=0,
             reason="bad gpu",
         ),
     }
@@ -420,8 +456,9 @@ def test_pyslurm_nodes_partitions_reservations(pyslurm_module: types.ModuleType)
         partitions=("gpu",),
         cpus=64,
         gpus=4,
-        gpus_used=2,
+        gpus_used=2,  # job 9's; job 10 has ended
         reason="",
+        cpus_used=6,
     )
     assert nodes["n1"].usable and not nodes["n2"].usable
     assert nodes["n2"].states == ("IDLE", "DRAIN") and nodes["n2"].gpus == 4
@@ -430,7 +467,40 @@ def test_pyslurm_nodes_partitions_reservations(pyslurm_module: types.ModuleType)
     assert backend.reservation_nodes("pool") == ["n1", "n2"]
     with pytest.raises(SlurmCommandError, match="not found"):
         backend.reservation_nodes("other")
-    assert backend.calls == 5  # one RPC per query
+    assert backend.calls == 6  # one RPC per query, and Jobs.load for the GPUs in use
+
+
+def test_pyslurm_jobs_as_pyslurm_25_11_gives_them(pyslurm_module: types.ModuleType) -> None:
+    backend = PySlurmBackend(pyslurm_module)
+    jobs = {j.job_id: j for j in backend.jobs()}
+    gpu = jobs[9]  # "gres/gpu" key, GPUs per node from the layout, CPUs per GPU inferred
+    assert (gpu.gpus_per_node, gpu.gpus_by_node, gpu.gpus, gpu.cpus_per_gpu) == (2, (2,), 2, 3)
+    assert jobs[7].cpus_per_gpu == 0  # cpus_per_task set: the job asked no CPUs per GPU
+    ended = jobs[10]  # Jobs.load lists ended jobs too: a resize's exit 75 is not "lost"
+    assert (ended.state, ended.exit_code, ended.gpus_by_node) == ("FAILED", 75, (4,))
+    assert sorted(j.job_id for j in backend.jobs("pool")) == [7, 8, 10]
+    # nodes() right after jobs() counts GPUs in use from the same load: 2 RPCs a cycle
+    assert {n.name: n.gpus_used for n in backend.nodes()} == {"n1": 2, "n2": 0}
+    assert backend.calls == 2 + 1
+
+
+def test_pyslurm_reservation_flags_are_scontrol_names(pyslurm_module: types.ModuleType) -> None:
+    class ReservationFlags(enum.Flag):  # pyslurm.ReservationFlags' members, by name
+        IGNORE_RUNNING_JOBS = 1
+        SPECIFIC_NODES = 2
+        MAINTENANCE = 4
+
+    resv = Obj(
+        name="pool",
+        nodes="n[1-2]",
+        end_time=2111047959,
+        flags=ReservationFlags.IGNORE_RUNNING_JOBS | ReservationFlags.SPECIFIC_NODES,
+        users=["alice", "bob"],
+    )
+    pyslurm_module.Reservations = Obj(load=lambda: {"pool": resv})  # type: ignore[attr-defined]
+    found = PySlurmBackend(pyslurm_module).reservation("pool")
+    assert found.flags == ("IGNORE_JOBS", "SPECIFIC_NODES")
+    assert (found.nodes, found.users, found.end_time) == ("n[1-2]", "alice,bob", 2111047959.0)
 
 
 def test_pyslurm_actions(pyslurm_module: types.ModuleType) -> None:
@@ -511,6 +581,10 @@ def test_submit_options_from_the_golden_script() -> None:
         "signal": "B:SIGUSR2@120",
         "comment": "hpcorch:id=train-20260101-000000-abcd,min=4,max=8,batch=256,maxbatch=2048",
     }
+    # pyslurm 25.11 passes a digit string on as is ("an integer is required"); --mincpus
+    # (managed jobs) is its min_cpus_per_node
+    minutes = submit_options("#!/bin/bash\n#SBATCH --time=10\n#SBATCH --mincpus=4\n")
+    assert (minutes["time_limit"], minutes["min_cpus_per_node"]) == (10, "4")
     held = submit_options("#!/bin/bash\n#SBATCH --hold\necho\n#SBATCH --nodes=9\n")
     assert held == {"script": held["script"], "priority": 0}  # options stop at a command
     with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--switches'"):

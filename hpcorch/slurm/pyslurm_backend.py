@@ -21,13 +21,15 @@ objects (read through their documented attributes) to hpcorch's types.
 
 from __future__ import annotations
 
+import enum
 import importlib
 import signal as signals
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
+from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation, gpus_in
@@ -35,10 +37,14 @@ from hpcorch.slurm.version import SlurmBehaviour, SlurmVersion
 
 T = TypeVar("T")
 
+JOBS_REUSE_S = 2.0
+"""How long :meth:`PySlurmBackend.nodes` counts GPUs in use from the last ``Jobs.load``."""
+
 _PENDING_FLAGS = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"}
 """pyslurm reports a job's state flag in place of its base state; these flags only occur
 on pending jobs (Slurm 23.11+'s JSON lists them after PENDING)."""
 _RUNNING_FLAGS = {"CONFIGURING", "RESIZING", "SIGNALING", "POWER_UP_NODE"}
+_NOT_HOLDING = ENDED_STATES | {"PENDING"}
 
 # sbatch option -> JobSubmitDescription attribute, for the options hpcorch's batch script
 # renderer writes (hpcorch/slurm/script.py) and the usual extras an admin may add.
@@ -48,6 +54,7 @@ _SUBMIT_OPTIONS: dict[str, str] = {
     "gres": "gres_per_node",
     "cpus-per-gpu": "cpus_per_gpu",
     "cpus-per-task": "cpus_per_task",
+    "mincpus": "min_cpus_per_node",
     "ntasks-per-node": "ntasks_per_node",
     "partition": "partitions",
     "reservation": "reservations",
@@ -92,8 +99,15 @@ _LIST_ATTRS = {
 }
 
 
+_FLAG_NAMES = {"IGNORE_RUNNING_JOBS": "IGNORE_JOBS"}
+"""pyslurm's names for reservation flags that scontrol spells otherwise."""
+
+
 def _names(value: Any) -> list[str]:
-    """A list attribute that pyslurm may give as a list or as a comma-separated string."""
+    """A list attribute that pyslurm may give as a list, a comma-separated string or an
+    ``enum.Flag`` (``Reservation.flags``: its members' names)."""
+    if isinstance(value, enum.Flag):
+        return [_FLAG_NAMES.get(str(m.name), str(m.name)) for m in type(value) if m in value]
     if not value:
         return []
     if isinstance(value, str):
@@ -151,25 +165,68 @@ def base_state(state: str) -> str:
     return state
 
 
-def gpus_by_node_from_pyslurm(job: Any) -> tuple[int, ...]:
-    """GPUs on each allocated node, in the job's node order (pyslurm's resource layout:
-    ``{node: {"cpu_ids": ..., "gres": {"gpu": {"count": 4, ...}}, ...}}``)."""
+def _layout_gpus(job: Any) -> dict[str, int]:
+    """GPUs the job holds on each node, from pyslurm's resource layout
+    (``{node: {"cpu_ids": ..., "gres": {"gpu": {"count": 4, ...}}, ...}}``)."""
     layout_of = getattr(job, "get_resource_layout_per_node", None)
     if not callable(layout_of):
-        return ()
+        return {}
     try:
         layout = layout_of()
     except (ValueError, TypeError, AttributeError):
-        return ()
+        return {}
     if not isinstance(layout, Mapping):
+        return {}
+    return {
+        str(name): gpus_in_gres(entry.get("gres")) if isinstance(entry, Mapping) else 0
+        for name, entry in layout.items()
+    }
+
+
+def gpus_by_node_from_pyslurm(job: Any) -> tuple[int, ...]:
+    """GPUs on each allocated node, in the job's node order."""
+    layout = _layout_gpus(job)
+    if not layout:
         return ()
     order = expand_nodelist(_str(job.allocated_nodes))
     names = [n for n in order if n in layout] or list(layout)
-    out = []
-    for name in names:
-        entry = layout.get(name)
-        out.append(gpus_in_gres(entry.get("gres")) if isinstance(entry, Mapping) else 0)
-    return tuple(out)
+    return tuple(layout[name] for name in names)
+
+
+def holds_nodes(job: Any) -> bool:
+    """Whether the job holds its nodes' resources now (running, completing, suspended...:
+    neither pending nor ended)."""
+    return bool(job.allocated_nodes) and base_state(_str(job.state)) not in _NOT_HOLDING
+
+
+def gpus_in_use(jobs: Iterable[Any]) -> dict[str, int]:
+    """Node -> GPUs allocated on it, summed over the jobs that hold nodes. pyslurm 25.11's
+    ``Node`` has no GRES-in-use (``allocated_gres`` reads the node's allocated TRES, which
+    name GPUs only where AccountingStorageTRES tracks gres/gpu), so it is counted from the
+    jobs, as Slurm itself counts it."""
+    used: dict[str, int] = {}
+    for job in jobs:
+        if holds_nodes(job):
+            for name, gpus in _layout_gpus(job).items():
+                used[name] = used.get(name, 0) + gpus
+    return used
+
+
+def cpus_per_gpu_from_pyslurm(job: Any, gpus: int) -> int:
+    """CPUs per GPU the job asked for (``--cpus-per-gpu``), 0 when not given.
+
+    pyslurm 25.11's ``Job.cpus_per_gpu`` answers None for every job slurmctld returns (it
+    also wants ``cpus_per_task`` unset, which slurmctld always sets), and no attribute
+    gives Slurm's ``cpus_per_tres``; but ``Job.cpus_per_task`` is None exactly when
+    ``cpus_per_tres`` is set, and the job's CPUs are then its GPUs' CPUs (NumCPUs=6 for
+    ``--gres=gpu:2 --cpus-per-gpu=3``)."""
+    given = getattr(job, "cpus_per_gpu", None)
+    if isinstance(given, int) and given > 0:
+        return given
+    if getattr(job, "cpus_per_task", 1) is not None or gpus <= 0:
+        return 0
+    cpus = _int(getattr(job, "cpus", 0))
+    return cpus // gpus if cpus >= gpus and cpus % gpus == 0 else 0
 
 
 def job_from_pyslurm(job: Any) -> SlurmJob:
@@ -181,6 +238,9 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
     nodes = _str(job.allocated_nodes)
     if not node_count and nodes:
         node_count = 1
+    per_node = gpus_in_gres(job.gres_per_node)
+    by_node = gpus_by_node_from_pyslurm(job) if nodes else ()
+    gpus = sum(by_node) if by_node else per_node * node_count
     return SlurmJob(
         job_id=_int(job.id),
         name=_str(job.name),
@@ -190,7 +250,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         partition=_str(job.partition),
         nodes=nodes,
         node_count=node_count,
-        gpus_per_node=gpus_in_gres(job.gres_per_node),
+        gpus_per_node=per_node,
         comment=_str(job.comment),
         submit_time=_int(job.submit_time),
         start_time=_int(job.start_time),
@@ -202,15 +262,16 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
         uid=_int(job.user_id) if isinstance(job.user_id, int) else -1,
-        gpus_by_node=gpus_by_node_from_pyslurm(job) if nodes else (),
-        cpus_per_gpu=_int(getattr(job, "cpus_per_gpu", 0)),
+        gpus_by_node=by_node,
+        cpus_per_gpu=cpus_per_gpu_from_pyslurm(job, gpus),
         account=_str(getattr(job, "account", "")),
         qos=_str(getattr(job, "qos", "")),
     )
 
 
-def node_from_pyslurm(node: Any) -> SlurmNode:
-    """A ``pyslurm.Node`` as hpcorch's ``SlurmNode``."""
+def node_from_pyslurm(node: Any, gpus_used: int = 0) -> SlurmNode:
+    """A ``pyslurm.Node`` as hpcorch's ``SlurmNode``; ``gpus_used``: the GPUs jobs hold
+    on it (:func:`gpus_in_use`)."""
     # state is Slurm's complete string, e.g. "IDLE+DRAIN" or "MIXED+NOT_RESPONDING"
     states = tuple(s for s in _str(node.state).upper().split("+") if s)
     return SlurmNode(
@@ -220,9 +281,9 @@ def node_from_pyslurm(node: Any) -> SlurmNode:
         partitions=tuple(str(p) for p in node.partitions or ()),
         cpus=_int(node.total_cpus),
         gpus=gpus_in_gres(node.configured_gres),
-        gpus_used=gpus_in_gres(node.alloc_gres),
+        gpus_used=gpus_used,
         reason=_str(node.reason),
-        cpus_used=_int(getattr(node, "alloc_cpus", 0)),
+        cpus_used=_int(node.allocated_cpus),
     )
 
 
@@ -270,6 +331,9 @@ def submit_options(script: str, args: Sequence[str] = ()) -> dict[str, Any]:
         seen.add(attr)
         if attr in _LIST_ATTRS:
             out[attr] = [v for v in value.split(",") if v]
+        elif attr == "time_limit" and value.isdigit():
+            # pyslurm 25.11 hands a digit string to Slurm as is ("an integer is required")
+            out[attr] = int(value)
         elif attr == "signal":
             flags, _, rest = value.rpartition(":")
             sig, at, when = rest.partition("@")
@@ -286,6 +350,16 @@ class PySlurmBackend:
         self.pyslurm: Any = module if module is not None else importlib.import_module("pyslurm")
         self.cli = cli or SlurmCLI()
         self._rpcs = 0
+        self._loaded_jobs: list[Any] = []
+        self._jobs_loaded_at = -1e18
+
+    def _load_jobs(self) -> list[Any]:
+        """Every job slurmctld holds, ended ones included (``Jobs.load`` asks with
+        SHOW_ALL, as ``squeue --states=all``), kept for :meth:`nodes`."""
+        coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
+        self._loaded_jobs = self._values(coll)
+        self._jobs_loaded_at = time.monotonic()
+        return self._loaded_jobs
 
     @property
     def calls(self) -> int:
@@ -320,16 +394,22 @@ class PySlurmBackend:
         self.cli.use(behaviour)
 
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
-        coll = self._rpc("Jobs.load", lambda: self.pyslurm.Jobs.load())
         return [
             job_from_pyslurm(j)
-            for j in self._values(coll)
+            for j in self._load_jobs()
             if reservation is None or _str(j.reservation) == reservation
         ]
 
     def nodes(self) -> list[SlurmNode]:
+        """Nodes, with the GPUs in use counted from the jobs (:func:`gpus_in_use`): those
+        :meth:`jobs` loaded if within ``JOBS_REUSE_S`` (a controller cycle reads jobs then
+        nodes: two RPCs, as with Slurm's commands), else a fresh ``Jobs.load``."""
         coll = self._rpc("Nodes.load", lambda: self.pyslurm.Nodes.load())
-        return [node_from_pyslurm(n) for n in self._values(coll)]
+        jobs = self._loaded_jobs
+        if time.monotonic() - self._jobs_loaded_at > JOBS_REUSE_S:
+            jobs = self._load_jobs()
+        used = gpus_in_use(jobs)
+        return [node_from_pyslurm(n, used.get(_str(n.name), 0)) for n in self._values(coll)]
 
     def partitions(self) -> tuple[list[str], str | None]:
         coll = self._rpc("Partitions.load", lambda: self.pyslurm.Partitions.load())
