@@ -55,9 +55,10 @@ def test_every_supported_series_passes(series: str) -> None:
 def test_behaviour_by_release() -> None:
     old, new, cur = (behaviour(parse_version(v)) for v in ("22.05.8", "23.11.9", "25.11.2"))
     assert not old.squeue_lists_ended_only_when_asked and not old.nodes_from_scontrol
-    assert new.squeue_lists_ended_only_when_asked and new.nodes_from_scontrol
+    assert not new.squeue_lists_ended_only_when_asked and new.nodes_from_scontrol
+    assert cur.squeue_lists_ended_only_when_asked
     assert (old.tres_prefix, cur.tres_prefix) == ("gres:gpu", "gres/gpu")
-    assert not old.cpus_per_gpu_sticks and new.cpus_per_gpu_sticks and cur.cpus_per_gpu_sticks
+    assert not old.cpus_per_gpu_sticks and not new.cpus_per_gpu_sticks and cur.cpus_per_gpu_sticks
 
 
 class ConfigCLI(SlurmCLI):

@@ -210,7 +210,7 @@ class SlurmCLI:
 
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
-        filters with --json: the others are dropped before they are parsed). From 23.02
+        filters with --json: the others are dropped before they are parsed). From 24.05
         on, ``squeue --json`` lists only pending and running jobs unless asked for every
         state: a job that has just ended is in the answer only with ``--states=all``."""
         return parse_squeue(self._json(["squeue", "--json", "--states=all"]), reservation)
@@ -371,7 +371,7 @@ def shape_args(
 
     CPUs: never ``CpusPerTres``. It does not change the CPUs of an allocation after submit
     on 22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs), and
-    23.11+ keeps the CPUs it implied at a job's first scheduling through every later update
+    24.11+ keeps the CPUs it implied at a job's first scheduling through every later update
     (a job started at 4 GPUs x 2 CPUs and reshaped to 2 GPUs still needed 8 CPUs on 4
     cores: pending for Resources on an idle node). The job's CPUs are its per-node minimum
     ``MinCPUsNode`` (the GPUs' CPUs on each node) and its total ``NumCPUs``. For an uneven

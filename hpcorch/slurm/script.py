@@ -235,7 +235,7 @@ def render_batch_script(spec: JobSpec) -> str:
         f"--nodes={spec.nodes}",
         f"--gres=gpu:{spec.gpus_per_node}",
         # A job the controller reshapes asks for its CPUs per node, and its comment keeps
-        # the CPUs per GPU (``cpus=``): Slurm 23.11+ keeps a job's first CPUs-per-GPU total
+        # the CPUs per GPU (``cpus=``): Slurm 24.11 keeps a job's first CPUs-per-GPU total
         # through every later update, so a job asked --cpus-per-gpu could never shrink.
         f"--mincpus={spec.gpus_per_node * spec.cpus_per_gpu}"
         if spec.managed

@@ -71,16 +71,19 @@ class SlurmBehaviour:
 
     version: SlurmVersion
     squeue_lists_ended_only_when_asked: bool
-    """``squeue --json`` lists ended jobs only with ``--states=all`` (23.02+; 22.05 ignores
-    every filter with ``--json`` and lists each job slurmctld holds)."""
+    """``squeue --json`` lists ended jobs only with ``--states=all`` (24.05+, which applies
+    squeue's filters to ``--json``, the default one of pending and running jobs included;
+    22.05 to 23.11 ignore every filter with ``--json`` and list each job slurmctld holds).
+    hpcorch always asks for every state."""
     nodes_from_scontrol: bool
     """``sinfo --json`` groups nodes (23.02+): the node list comes from ``scontrol show
     nodes --json`` instead."""
     tres_prefix: str
     """How GRES are written in TRES fields: ``gres:gpu`` (22.05), ``gres/gpu`` (23.02+)."""
     cpus_per_gpu_sticks: bool
-    """A job's first CPUs-per-GPU total outlives later updates of its GPUs (23.11+): the
-    controller never reshapes through ``CpusPerTres`` (hpcorch.slurm.backend.shape_args)."""
+    """A job's first CPUs-per-GPU total outlives later updates of its GPUs (24.11 and 25.11;
+    24.05 assumed alike; 23.11 and older do not): the controller never reshapes through
+    ``CpusPerTres`` (hpcorch.slurm.backend.shape_args), on any release."""
 
 
 def behaviour(version: SlurmVersion) -> SlurmBehaviour:
@@ -88,8 +91,8 @@ def behaviour(version: SlurmVersion) -> SlurmBehaviour:
     new_json = (version.major, version.minor) >= (23, 2)
     return SlurmBehaviour(
         version=version,
-        squeue_lists_ended_only_when_asked=new_json,
+        squeue_lists_ended_only_when_asked=(version.major, version.minor) >= (24, 5),
         nodes_from_scontrol=new_json,
         tres_prefix="gres/gpu" if new_json else "gres:gpu",
-        cpus_per_gpu_sticks=(version.major, version.minor) >= (23, 11),
+        cpus_per_gpu_sticks=(version.major, version.minor) >= (24, 5),
     )

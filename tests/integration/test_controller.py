@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -52,12 +53,27 @@ def test_grows_and_shrinks_three_jobs(env_pool: Pool, tmp_path: Path) -> None:
             ctl.log,
         )
         b = submit(env_pool, res, "B", 2, 2, "--epochs", "8", "--sample-delay", "0.002")
+        submitted = time.time()
         wait_for("A shrunk for B", lambda: (4, 2) in resizes(ctl, a), 90, ctl.log)
+        # the newcomer starts within 120 s; the shrunk job holds only its 2 GPUs' CPUs
+        # (2 per GPU on this pool), on every Slurm release
+        wait_for("B running", lambda: env_pool.state(b) == "RUNNING", 120, ctl.log)
+        assert time.time() - submitted <= 120
+        wait_for(
+            "A running on 2 GPUs",
+            lambda: ctl.phase(a) == "running" and _gpus(env_pool, a) == 2,
+            120,
+            ctl.log,
+        )
+        assert _cpus(env_pool, a) == 4, env_pool.run("scontrol", "show", "job", str(a)).stdout
         c = submit(env_pool, res, "C", 1, 2, "--epochs", "3", "--sample-delay", "0.002")
         for job in (c, b):
             wait_for(f"job {job} done", lambda j=job: ctl.phase(j) == "done", 300, ctl.log)  # type: ignore[misc]
         wait_for("A grown back", lambda: any(t > f for f, t in resizes(ctl, a)), 120, ctl.log)
         wait_for("A done", lambda: ctl.phase(a) == "done", 400, ctl.log)
+        # Slurm agrees: each ended COMPLETED (not FAILED after a resize), none called lost
+        assert {j: env_pool.state(j) for j in (a, b, c)} == dict.fromkeys((a, b, c), "COMPLETED")
+        assert " lost" not in ctl.log.read_text()
 
         for job in (a, b, c):
             ls = losses(env_pool, job)
@@ -82,6 +98,13 @@ def test_grows_and_shrinks_three_jobs(env_pool: Pool, tmp_path: Path) -> None:
         subprocess.run(["scancel", f"--reservation={res}"], env=env_pool.env, check=False)
         time.sleep(1)
         subprocess.run(["scontrol", "delete", "reservation", res], env=env_pool.env, check=False)
+
+
+def _cpus(pool: Pool, job: int) -> int:
+    """The CPUs Slurm allocated to ``job`` (``NumCPUs``)."""
+    out = pool.run("scontrol", "-o", "show", "job", str(job)).stdout
+    m = re.search(r"\bNumCPUs=(\d+)", out)
+    return int(m.group(1)) if m else -1
 
 
 def _gpus(pool: Pool, job: int) -> int:
