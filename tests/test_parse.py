@@ -20,7 +20,8 @@ def test_squeue_22_05_recorded() -> None:
     assert running.nodes == "n1" and running.user == "root" and not running.held
     pending = [j for j in jobs.values() if j.state == "PENDING"]
     assert pending and all(j.gpus == 16 for j in pending)
-    assert {j.reason for j in pending} <= {"Resources", "Priority"}
+    # tests/fixtures/record: one waits for job 4's GPUs, one is held (sbatch --hold)
+    assert {j.reason: j.held for j in pending} == {"Resources": False, "JobHeldUser": True}
 
 
 def test_sinfo_22_05_recorded() -> None:

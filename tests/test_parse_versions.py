@@ -1,8 +1,11 @@
-"""The same cluster as Slurm 22.05 (recorded), 23.11 and 24.05 (constructed, see
-tests/fixtures/README.md) print it: every version parses to the same jobs and nodes."""
+"""The same cluster as Slurm 22.05, 23.11, 24.11 and 25.11 print it, each recorded from a
+real daemon by tests/fixtures/record (see tests/fixtures/README.md): every release parses
+to the same jobs and nodes in everything but the moment of recording, and to times that
+tell the same story."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,13 +17,21 @@ from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, parse_nodes, parse_squeue
 
 FIXTURES = Path(__file__).parent / "fixtures"
-VERSIONS = ["22.05", "23.11", "24.05"]
-PARSERS = {"22.05": "v0.0.38", "23.11": "v0.0.40", "24.05": "v0.0.41"}
+VERSIONS = ["22.05", "23.11", "24.11", "25.11"]
+PARSERS = {"22.05": "v0.0.38", "23.11": "v0.0.40", "24.11": "v0.0.42", "25.11": "v0.0.44"}
 
 
 def load(version: str, name: str) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads((FIXTURES / f"slurm-{version}" / name).read_text())
     return doc
+
+
+def timeless(jobs: Sequence[SlurmJob]) -> list[SlurmJob]:
+    """The jobs by id, their times (the moment of recording) zeroed."""
+    return [
+        dataclasses.replace(j, submit_time=0, start_time=0, end_time=0)
+        for j in sorted(jobs, key=lambda j: j.job_id)
+    ]
 
 
 def job(job_id: int, **kw: Any) -> SlurmJob:
@@ -41,7 +52,7 @@ def job(job_id: int, **kw: Any) -> SlurmJob:
         time_limit_min=525600,
         restarts=0,
         exit_code=0,
-        work_dir="/tmp/t1",
+        work_dir="/tmp",
         reservation="",
         held=False,
         uid=0,
@@ -50,34 +61,17 @@ def job(job_id: int, **kw: Any) -> SlurmJob:
     return SlurmJob(**base)
 
 
+# tests/fixtures/record's six jobs, times zeroed (test_times_tell_the_recorded_story)
 EXPECTED_JOBS = [
-    job(1, exit_code=1, submit_time=1795298806, start_time=1795298806, end_time=1795298806),
-    job(
-        2,
-        state="COMPLETED",
-        reason="None",
-        submit_time=1795298837,
-        start_time=1795298837,
-        end_time=1795298844,
-    ),
-    job(
-        3,
-        nodes="n[1-2]",
-        node_count=2,
-        exit_code=75,
-        submit_time=1795298847,
-        start_time=1795298848,
-        end_time=1795298850,
-    ),
+    job(1, exit_code=1),
+    job(2, state="COMPLETED", reason="None"),
+    job(3, nodes="n[1-2]", node_count=2, exit_code=75),
     job(
         4,
         name="my job",
         state="RUNNING",
         reason="None",
         comment="hpcorch:test",
-        submit_time=1795298857,
-        start_time=1795298857,
-        end_time=1826834857,
         gpus_by_node=(2,),
     ),
     *(
@@ -89,12 +83,10 @@ EXPECTED_JOBS = [
             nodes="",
             node_count=4,
             gpus_per_node=4,
-            submit_time=1795298857,
-            start_time=1826834857,
-            end_time=6121802093,
             time_limit_min=0,
+            held=held,
         )
-        for i, reason in ((5, "Resources"), (6, "Priority"))
+        for i, reason, held in ((5, "Resources", False), (6, "JobHeldUser", True))
     ),
 ]
 
@@ -114,10 +106,22 @@ EXPECTED_NODES = [
 ]
 
 
+def node_file(version: str) -> str:
+    return "sinfo.json" if version == "22.05" else "scontrol-nodes.json"
+
+
+def test_every_recorded_release_is_tested() -> None:
+    recorded = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+    assert recorded == [f"slurm-{v}" for v in VERSIONS]
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_fixture_is_the_version_it_claims(version: str) -> None:
-    for name in ("squeue.json", "sinfo.json"):
-        meta = load(version, name)["meta"]
+    names = ["squeue.json", "sinfo.json"] + ([] if version == "22.05" else ["scontrol-nodes.json"])
+    for name in names:
+        doc = load(version, name)
+        assert not doc.get("errors"), (name, doc["errors"])
+        meta = doc["meta"]
         plugin = meta["plugin"]
         parser = plugin.get("data_parser") or plugin.get("type", "")
         assert parser.endswith(PARSERS[version]), (name, plugin)
@@ -127,15 +131,37 @@ def test_fixture_is_the_version_it_claims(version: str) -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_squeue_parses_to_the_same_jobs(version: str) -> None:
-    assert parse_squeue(load(version, "squeue.json")) == EXPECTED_JOBS
+    assert timeless(parse_squeue(load(version, "squeue.json"))) == EXPECTED_JOBS
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_times_tell_the_recorded_story(version: str) -> None:
+    """The times are the recording's own: not equal across releases, but each file's must
+    be those of record's jobs, submitted one after another ended."""
+    jobs = {j.job_id: j for j in parse_squeue(load(version, "squeue.json"))}
+    submits = [jobs[i].submit_time for i in range(1, 7)]
+    assert submits == sorted(submits)
+    assert submits[0] > 1_600_000_000 and submits[-1] - submits[0] < 600
+    for i in (1, 2, 3):  # ended; the next one submitted after it ended
+        ended = jobs[i]
+        assert ended.submit_time <= ended.start_time <= ended.end_time, ended
+        assert jobs[i + 1].submit_time >= ended.end_time
+    running = jobs[4]
+    assert running.submit_time <= running.start_time <= running.submit_time + 60
+    assert running.end_time == running.start_time + 60 * running.time_limit_min
+    # an estimate once the backfill scheduler made one: when job 4's time limit ends
+    pending = jobs[5]
+    assert pending.start_time in (0, running.end_time)
+    assert pending.end_time == 0 or pending.end_time > pending.start_time
+    held = jobs[6]
+    assert held.start_time == held.end_time == 0
 
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_nodes_parse_to_the_same_nodes(version: str) -> None:
-    """22.05's sinfo lists nodes; from 23.11 sinfo groups them and the node list comes
+    """22.05's sinfo lists nodes; from 23.02 sinfo groups them and the node list comes
     from ``scontrol show nodes --json``."""
-    name = "sinfo.json" if version == "22.05" else "scontrol-nodes.json"
-    assert parse_nodes(load(version, name)) == EXPECTED_NODES
+    assert parse_nodes(load(version, node_file(version))) == EXPECTED_NODES
     if version != "22.05":
         assert parse_nodes(load(version, "sinfo.json")) == []
 
@@ -162,10 +188,11 @@ class RecordedSlurm(SlurmCLI):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_cli_backend_reads_every_version(version: str) -> None:
     slurm = RecordedSlurm(version)
-    assert slurm.jobs() == EXPECTED_JOBS
+    assert timeless(slurm.jobs()) == EXPECTED_JOBS
     assert slurm.jobs("pool") == []  # none of them in a reservation: none parsed
     doc = load(version, "squeue.json")
-    doc["jobs"][3]["resv_name"] = "pool"
+    (raw,) = [j for j in doc["jobs"] if j["job_id"] == 4]
+    raw["resv_name"] = "pool"
     assert [j.job_id for j in parse_squeue(doc, "pool")] == [4]
     assert slurm.nodes() == EXPECTED_NODES
     assert slurm.nodes() == EXPECTED_NODES
