@@ -568,6 +568,7 @@ def test_submit_options_from_the_golden_script() -> None:
     opts = submit_options(script, ["--reservation=pool", "--partition=debug"])
     assert opts["script"] == script
     assert {k: v for k, v in opts.items() if k != "script"} == {
+        "ntasks": 0xFFFFFFFE,  # not set, as with sbatch (pyslurm would send 1)
         "reservations": ["pool"],
         "partitions": ["debug"],  # the command line wins, as with sbatch
         "name": "train",
@@ -586,7 +587,8 @@ def test_submit_options_from_the_golden_script() -> None:
     minutes = submit_options("#!/bin/bash\n#SBATCH --time=10\n#SBATCH --mincpus=4\n")
     assert (minutes["time_limit"], minutes["min_cpus_per_node"]) == (10, "4")
     held = submit_options("#!/bin/bash\n#SBATCH --hold\necho\n#SBATCH --nodes=9\n")
-    assert held == {"script": held["script"], "priority": 0}  # options stop at a command
+    # options stop at a command
+    assert held == {"script": held["script"], "ntasks": 0xFFFFFFFE, "priority": 0}
     with pytest.raises(SlurmCommandError, match="cannot submit sbatch option '--switches'"):
         submit_options("#!/bin/bash\n#SBATCH --switches=1\n")
 

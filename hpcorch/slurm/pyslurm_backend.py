@@ -89,6 +89,15 @@ _SUBMIT_FLAGS: dict[str, tuple[str, Any]] = {
     "no-requeue": ("is_requeueable", False),
     "exclusive": ("resource_sharing", "exclusive"),
 }
+NO_VAL = 0xFFFFFFFE
+"""Slurm's "not set" for a 32-bit field."""
+UNSET_NTASKS = NO_VAL
+"""``JobSubmitDescription.ntasks`` for a job that names no task count, as with sbatch.
+pyslurm 25.11 sends ntasks=1 when given none (any falsy value), and slurmctld then holds
+the job to 1 task x 1 CPU: once the controller set MinCPUsNode=8 NumCPUs=8 for 4 GPUs it
+pended for Resources ("never runnable") on an idle node. NO_VAL passes through pyslurm
+as "not set"."""
+
 _LIST_ATTRS = {
     "partitions",
     "reservations",
@@ -307,7 +316,7 @@ def submit_options(script: str, args: Sequence[str] = ()) -> dict[str, Any]:
                 options.append(option)
         elif stripped and not stripped.startswith("#"):
             break  # sbatch stops reading options at the first command
-    out: dict[str, Any] = {"script": script}
+    out: dict[str, Any] = {"script": script, "ntasks": UNSET_NTASKS}
     seen: set[str] = set()
     for opt in options:
         if not opt.startswith("--"):
