@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import POOL_SCRIPT, Pool, _slurm_installed, pool_port_base
+from tests.conftest import POOL_SCRIPT, Pool, _slurm_installed, pool_env, pool_port_base
 
 pytestmark = pytest.mark.slurm
 
@@ -31,7 +31,7 @@ def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
     port = str(pool_port_base() + 200)
     up = pool(pdir, "up", "--nodes", "2", "--gpus-per-node", "2", "--port-base", port)
     assert up.returncode == 0, up.stderr
-    assert "up: 2 nodes x 2 GPUs" in up.stderr
+    assert "2 nodes x 2 GPUs" in up.stderr
     pids = [int(p.read_text()) for p in (pdir / "run").glob("*.pid")]
     assert len(pids) == 3  # slurmctld + 2 slurmd
     assert all(Path(f"/proc/{p}").exists() for p in pids)
@@ -115,7 +115,8 @@ def test_down_ends_only_its_own_pools_job_steps(slurm_pool: Pool, tmp_path: Path
     )
     assert up.returncode == 0, up.stderr
     conf_b = pdir / "etc" / "slurm.conf"
-    env_b = {**os.environ, "SLURM_CONF": str(conf_b)}
+    env_b = pool_env({**os.environ, "HPCORCH_POOL_DIR": str(pdir)})
+    assert env_b["SLURM_CONF"] == str(conf_b)
     try:
         sub = subprocess.run(
             [
