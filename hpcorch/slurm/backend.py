@@ -137,7 +137,7 @@ def check_slurm_conf(env: Mapping[str, str]) -> None:
 
 
 class SlurmCLI:
-    """Slurm through its command-line tools (works with 22.05 through 24.x)."""
+    """Slurm through its command-line tools (works with 22.05 through 25.11)."""
 
     def __init__(self, timeout: float = 30.0, env: Mapping[str, str] | None = None) -> None:
         self.timeout = timeout
