@@ -93,6 +93,10 @@ def test_the_pyslurm_backend_names_an_option_it_cannot_submit() -> None:
         ({"extra": ("--ntasks=4",)}, "hpcorch sets --ntasks itself"),
         ({"extra": ("--comment=mine",)}, "hpcorch sets --comment itself"),
         ({"extra": ("--account=x",)}, "use hpcorch's --account"),
+        ({"extra": ("--hint=nomultithread",)}, "hpcorch does not pass --hint on"),
+        ({"extra": ("--reserv=POOL",)}, "sbatch reads --reserv as --reservation"),
+        ({"extra": ("--mem-per-g=10G",)}, "spell it out: --mem-per-gpu"),
+        ({"extra": ("--licenses", "--hold")}, "--licenses needs a value"),
         ({"extra": ("-A", "x")}, "long form"),
         ({"extra": ("--mem-per-gpu=1 0G",)}, "no spaces or quotes"),
         ({"extra": ("--mem-per-gpu='10G'",)}, "no spaces or quotes"),
@@ -118,9 +122,9 @@ def test_good_options_are_normalised() -> None:
     ]
     # an address alone means mail at the end and on failure
     assert make_options(mail_user="ada").mail_type == "END,FAIL"
-    assert make_options(extra=("--exclude=n1", "--hint=nomultithread")).extra == (
+    assert make_options(extra=("--exclude=n1", "--mem-per-gpu=10G")).extra == (
         "--exclude=n1",
-        "--hint=nomultithread",
+        "--mem-per-gpu=10G",
     )
 
 

@@ -6,8 +6,18 @@ exactly what Slurm gets. A user adds options in two ways:
 
 - named ones (``submit --account/--qos/--mem/--constraint/--mail-type/--mail-user/
   --dependency/--exclusive``), each checked against Slurm's own format;
-- any other sbatch option with ``--sbatch-arg=--NAME[=VALUE]`` (repeatable), refused when
-  hpcorch itself owns that option (GPUs, nodes, tasks, the comment, the output file, ...).
+- a few other sbatch options with ``--sbatch-arg=--NAME[=VALUE]`` (repeatable): only the
+  full names in :data:`PASSED`. The others are refused with one line saying why: hpcorch
+  owns the option (GPUs, nodes, tasks, the comment, the output file, ...: :data:`OWNED`),
+  or it changes where or how the job runs (the CPUs, the cluster, the user, ...).
+
+Why full names only: sbatch reads its options, ``#SBATCH`` lines included, with glibc's
+getopt_long, which takes any unique prefix of a long option (``--reserv=POOL`` is
+``--reservation=POOL``), one-letter options (``-p``), and a required value from the next
+argument; and all of a script's ``#SBATCH`` lines are one argument list, so a bare
+``--licenses`` would take hpcorch's next line (``--hold``, ``--output=...``) as its value.
+A refused spelling names the option sbatch would read it as, worked out over the long
+options of sbatch 22.05 to 25.11 (:data:`SBATCH_LONG_OPTIONS`).
 
 Values are checked, not quoted: sbatch reads ``#SBATCH`` lines without a shell, so a
 value must not hold white space, quotes, ``#`` or control characters.
@@ -103,6 +113,12 @@ OWNED: dict[str, str] = {
     "mail-user": "use hpcorch's --mail-user",
     "dependency": "use hpcorch's --dependency",
     "exclusive": "use hpcorch's --exclusive",
+    "mincpus": "use hpcorch's --cpus-per-gpu",
+    "tasks-per-node": "hpcorch starts one task per GPU",
+    "ntasks-per-tres": "hpcorch starts one task per GPU",
+    "tres-per-task": "hpcorch sets the GPUs and CPUs: use --min-gpus/--max-gpus and --cpus-per-gpu",
+    "nodefile": "hpcorch (or its controller) places the job",
+    "time-min": "use hpcorch's --time (and --time-total)",
 }
 """Options hpcorch sets itself or has its own option for, and what to do instead."""
 
@@ -114,6 +130,109 @@ POOL_REFUSED: dict[str, str] = {
     "deadline": "the controller starts pool jobs",
 }
 """Options that make sense for a job sent straight to Slurm, not for a pool job."""
+
+PASSED: dict[str, str] = {
+    "acctg-freq": "required",
+    "begin": "required",
+    "deadline": "required",
+    "exclude": "required",
+    "kill-on-invalid-dep": "required",
+    "licenses": "required",
+    "mem-per-cpu": "required",
+    "mem-per-gpu": "required",
+    "nice": "optional",
+    "oversubscribe": "none",
+    "profile": "required",
+    "propagate": "optional",
+    "tmp": "required",
+    "wckey": "required",
+}
+"""The sbatch options ``--sbatch-arg`` passes on (full names only), and their value:
+required (``--NAME=VALUE``), optional, or none. Each is a long option of every sbatch
+from 22.05 to 25.11, never a prefix of another; none changes the job's nodes, GPUs, CPUs
+or tasks (in a pool, :data:`POOL_REFUSED` still applies)."""
+
+SBATCH_RELEASES = ("22.05", "23.11", "24.11", "25.11")
+
+_SBATCH_NAMES = """
+    account acctg-freq array autocomplete batch bb bbf begin chdir cluster
+    cluster-constraint clusters comment consolidate-segments constraint container
+    container-id context contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu
+    cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export
+    export-file external extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus
+    gpus-per-node gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs
+    input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind
+    mem-per-cpu mem-per-gpu mincpus network nice no-kill no-requeue nodefile nodelist nodes
+    ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres
+    oom-kill-step open-mode output overcommit oversubscribe parsable partition power prefer
+    priority profile propagate qos quiet reboot requeue reservation resources resv-ports
+    segment signal sockets-per-node spread-job spread-segments stepmgr switches
+    tasks-per-node test-only thread-spec threads-per-core time time-min tmp tres-bind
+    tres-per-task uid usage use-min-nodes verbose version wait wait-all-nodes wckey wrap
+"""
+_SBATCH_ONLY_IN: dict[str, tuple[str, ...]] = {
+    "autocomplete": ("23.11", "24.11", "25.11"),
+    "consolidate-segments": ("25.11",),
+    "container-id": ("23.11", "24.11", "25.11"),
+    "export-file": ("22.05", "24.11", "25.11"),
+    "external": ("25.11",),
+    "extra": ("23.11", "24.11", "25.11"),
+    "oom-kill-step": ("24.11", "25.11"),
+    "power": ("22.05", "23.11"),
+    "resources": ("25.11",),
+    "resv-ports": ("24.11", "25.11"),
+    "segment": ("24.11", "25.11"),
+    "spread-segments": ("25.11",),
+    "stepmgr": ("24.11", "25.11"),
+    "tres-bind": ("23.11", "24.11", "25.11"),
+    "tres-per-task": ("23.11", "24.11", "25.11"),
+}
+SBATCH_LONG_OPTIONS: dict[str, tuple[str, ...]] = {
+    name: _SBATCH_ONLY_IN.get(name, SBATCH_RELEASES) for name in _SBATCH_NAMES.split()
+}
+"""Every long option of sbatch, and the releases that have it, as getopt_long of the
+sbatch binaries of Slurm 22.05.8, 23.11.9, 24.11.7 and 25.11.2 reads them (every prefix
+of every name was asked: tests/test_option_spellings.py). Two options of one release that
+start alike are ambiguous to getopt_long: sbatch's only aliases (--ntasks-per-node,
+--tasks-per-node) share no prefix."""
+
+SBATCH_SHORT_OPTIONS: dict[str, str] = {
+    "A": "account",
+    "a": "array",
+    "b": "begin",
+    "B": "extra-node-info",
+    "c": "cpus-per-task",
+    "C": "constraint",
+    "d": "dependency",
+    "D": "chdir",
+    "e": "error",
+    "F": "nodefile",
+    "G": "gpus",
+    "h": "help",
+    "H": "hold",
+    "i": "input",
+    "J": "job-name",
+    "k": "no-kill",
+    "L": "licenses",
+    "m": "distribution",
+    "M": "clusters",
+    "n": "ntasks",
+    "N": "nodes",
+    "o": "output",
+    "O": "overcommit",
+    "p": "partition",
+    "q": "qos",
+    "Q": "quiet",
+    "s": "oversubscribe",
+    "S": "core-spec",
+    "t": "time",
+    "v": "verbose",
+    "V": "version",
+    "w": "nodelist",
+    "W": "wait",
+    "x": "exclude",
+}
+"""sbatch's one-letter options (the same in 22.05 to 25.11) and the long option of each."""
 
 ENV_DEFAULTS: dict[str, str] = {
     "SBATCH_ACCOUNT": "account",
@@ -219,31 +338,126 @@ def check_dependency(value: str) -> str:
     return value
 
 
-def split_option(arg: str) -> tuple[str, str | None]:
+def _passed(pooled: bool) -> str:
+    """The options ``--sbatch-arg`` passes on, for a message."""
+    return ", ".join(f"--{n}" for n in PASSED if not (pooled and n in POOL_REFUSED))
+
+
+def _refusal(option: str, pooled: bool) -> str | None:
+    """Why ``--sbatch-arg`` refuses the sbatch option ``--OPTION``; None: it passes it."""
+    if option in OWNED:
+        return f"hpcorch sets --{option} itself ({OWNED[option]})"
+    if pooled and option in POOL_REFUSED:
+        return f"not for a job in a pool ({POOL_REFUSED[option]})"
+    if option not in PASSED:
+        return f"hpcorch does not pass --{option} on to Slurm (it passes {_passed(pooled)})"
+    return None
+
+
+def _readings(name: str) -> tuple[dict[str, list[str]], set[str]]:
+    """How getopt_long of each sbatch release reads ``--NAME``: the options it reads it as
+    (with the releases that do), and the options it finds it ambiguous between."""
+    readings: dict[str, list[str]] = {}
+    ambiguous: set[str] = set()
+    for release in SBATCH_RELEASES:
+        names = [n for n, releases in SBATCH_LONG_OPTIONS.items() if release in releases]
+        matches = [name] if name in names else [n for n in names if n.startswith(name)]
+        if len(matches) == 1:
+            readings.setdefault(matches[0], []).append(release)
+        else:
+            ambiguous.update(matches)
+    return readings, ambiguous
+
+
+def _not_a_full_name(arg: str, name: str, pooled: bool) -> OptionError:
+    """The error for ``--NAME``, not the full name of an sbatch option: what sbatch would
+    read it as, and why hpcorch refuses that (or how to spell it out)."""
+    readings, ambiguous = _readings(name)
+    if readings:
+        said = " or ".join(
+            f"--{option}"
+            + ("" if len(releases) == len(SBATCH_RELEASES) else f" (Slurm {', '.join(releases)})")
+            for option, releases in readings.items()
+        )
+
+        def weight(option: str) -> int:  # the strongest reason to refuse first
+            if option in OWNED:
+                return 0
+            if pooled and option in POOL_REFUSED:
+                return 1
+            return 2 if option not in PASSED else 3
+
+        option = min(readings, key=weight)
+        why = (
+            _refusal(option, pooled) or f"spell it out: --{option} (hpcorch takes full names only)"
+        )
+        return OptionError(f"--sbatch-arg {arg!r}: sbatch reads --{name} as {said}: {why}")
+    if ambiguous:
+        candidates = sorted(ambiguous)
+        passed = [f"--{n}" for n in candidates if _refusal(n, pooled) is None]
+        return OptionError(
+            f"--sbatch-arg {arg!r}: --{name} is ambiguous to sbatch "
+            f"({', '.join(f'--{n}' for n in candidates)}): "
+            + (
+                f"spell it out: {' or '.join(passed)}"
+                if passed
+                else f"hpcorch passes only {_passed(pooled)}"
+            )
+        )
+    return OptionError(
+        f"--sbatch-arg {arg!r}: --{name} is not an sbatch option (hpcorch passes {_passed(pooled)})"
+    )
+
+
+def split_option(arg: str, pooled: bool = False) -> tuple[str, str | None]:
     """``--name=value`` -> (name, value); ``--flag`` -> (flag, None)."""
     if not arg.startswith("--"):
+        letter = arg[1:2] if arg.startswith("-") else ""
+        option = SBATCH_SHORT_OPTIONS.get(letter)
+        why = ""
+        if option is not None:
+            refused = option in OWNED or (pooled and option in POOL_REFUSED)
+            why = f" (-{letter} is --{option}" + (
+                f": {_refusal(option, pooled)})" if refused else ")"
+            )
         raise OptionError(
             f"--sbatch-arg {arg!r}: give one sbatch option in its long form, "
-            "e.g. --sbatch-arg=--mem-per-gpu=10G"
+            f"e.g. --sbatch-arg=--mem-per-gpu=10G{why}"
         )
     name, eq, value = arg[2:].partition("=")
     if not OPTION_NAME_RE.fullmatch(name):
-        raise OptionError(f"--sbatch-arg {arg!r}: {name!r} is not an sbatch option name")
+        raise OptionError(
+            f"--sbatch-arg {arg!r}: {name!r} is not an sbatch option name "
+            "(those are lower-case letters, digits and -)"
+        )
     return name, (value if eq else None)
 
 
 def check_extra(args: Sequence[str], pooled: bool) -> tuple[str, ...]:
-    """The ``--sbatch-arg`` options, checked: each one sbatch option, not one hpcorch
-    owns, with a value that can stand in an ``#SBATCH`` line."""
+    """The ``--sbatch-arg`` options, checked: each the full name of an sbatch option that
+    hpcorch passes on (:data:`PASSED`), with a value that can stand in an ``#SBATCH``
+    line."""
     out = []
     seen: set[str] = set()
     for arg in args:
-        name, value = split_option(arg)
+        name, value = split_option(arg, pooled)
         if name in OWNED:
             raise OptionError(f"--sbatch-arg {arg!r}: hpcorch sets --{name} itself ({OWNED[name]})")
         if pooled and name in POOL_REFUSED:
             raise OptionError(
                 f"--sbatch-arg {arg!r}: not for a job in a pool ({POOL_REFUSED[name]})"
+            )
+        if name in SBATCH_LONG_OPTIONS and name not in PASSED:
+            raise OptionError(f"--sbatch-arg {arg!r}: {_refusal(name, pooled)}")
+        if name not in PASSED:
+            raise _not_a_full_name(arg, name, pooled)
+        kind = PASSED[name]
+        if kind == "none" and value is not None:
+            raise OptionError(f"--sbatch-arg {arg!r}: --{name} takes no value")
+        if kind == "required" and not value:
+            raise OptionError(
+                f"--sbatch-arg {arg!r}: --{name} needs a value: --{name}=VALUE (alone, sbatch "
+                "would take the next #SBATCH line as its value)"
             )
         if value is not None and not SAFE_VALUE_RE.fullmatch(value):
             raise OptionError(
