@@ -346,3 +346,14 @@ def test_the_real_sbatch_reads_them_as_recorded(release: str, tmp_path: Path) ->
             assert "option '" not in said or f"'--{option}'" in said, said
         else:  # --exp outside 23.11, --export-f in 23.11
             assert "ambiguous" in said or "unrecognized" in said, said
+
+
+def test_the_help_lists_exactly_what_is_passed() -> None:
+    from click.testing import CliRunner
+
+    from hpcorch.cli import main
+    from hpcorch.slurm.options import PASSED
+
+    text = " ".join(CliRunner().invoke(main, ["submit", "--help"]).output.split())
+    listed = text.split("Passed:")[1].split(";")[0].replace("- ", "-")  # click wraps at hyphens
+    assert sorted(n.strip() for n in listed.split(",")) == sorted(PASSED)

@@ -96,9 +96,11 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
             "sbatch_args",
             multiple=True,
             metavar="--OPTION[=VALUE]",
-            help="Any other sbatch option, in its long form (repeatable), e.g. "
-            "--sbatch-arg=--mem-per-gpu=20G. Options hpcorch sets itself (GPUs, nodes, "
-            "tasks, comment, output, ...) are refused.",
+            help="A further sbatch option by its full name, with =VALUE where it takes "
+            "one (repeatable), e.g. --sbatch-arg=--mem-per-gpu=20G. Passed: acctg-freq, "
+            "begin, deadline, exclude, kill-on-invalid-dep, licenses, mem-per-cpu, "
+            "mem-per-gpu, nice, oversubscribe, profile, propagate, tmp, wckey; "
+            "abbreviations, short options and options hpcorch sets itself are refused.",
         ),
     ]
     for opt in reversed(opts):
