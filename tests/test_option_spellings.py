@@ -26,12 +26,11 @@ from hpcorch.slurm.options import (
     OWNED,
     PASSED,
     POOL_REFUSED,
-    SBATCH_LONG_OPTIONS,
-    SBATCH_SHORT_OPTIONS,
     OptionError,
     check_extra,
     make_options,
 )
+from hpcorch.slurm.sbatch_names import SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS
 
 RECORDED: dict[str, str] = {
     "22.05": """

@@ -17,7 +17,7 @@ getopt_long, which takes any unique prefix of a long option (``--reserv=POOL`` i
 argument; and all of a script's ``#SBATCH`` lines are one argument list, so a bare
 ``--licenses`` would take hpcorch's next line (``--hold``, ``--output=...``) as its value.
 A refused spelling names the option sbatch would read it as, worked out over the long
-options of sbatch 22.05 to 25.11 (:data:`SBATCH_LONG_OPTIONS`).
+options of sbatch 22.05 to 25.11 (``hpcorch.slurm.sbatch_names``).
 
 Values are checked, not quoted: sbatch reads ``#SBATCH`` lines without a shell, so a
 value must not hold white space, quotes, ``#`` or control characters.
@@ -35,6 +35,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from hpcorch.slurm.sbatch_names import SBATCH_LONG_OPTIONS, SBATCH_RELEASES, SBATCH_SHORT_OPTIONS
 
 SAFE_VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:@%+=/()\[\]|&*!?~^-]{1,1024}$")
 OPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
@@ -151,88 +153,6 @@ PASSED: dict[str, str] = {
 required (``--NAME=VALUE``), optional, or none. Each is a long option of every sbatch
 from 22.05 to 25.11, never a prefix of another; none changes the job's nodes, GPUs, CPUs
 or tasks (in a pool, :data:`POOL_REFUSED` still applies)."""
-
-SBATCH_RELEASES = ("22.05", "23.11", "24.11", "25.11")
-
-_SBATCH_NAMES = """
-    account acctg-freq array autocomplete batch bb bbf begin chdir cluster
-    cluster-constraint clusters comment consolidate-segments constraint container
-    container-id context contiguous core-spec cores-per-socket cpu-freq cpus-per-gpu
-    cpus-per-task deadline delay-boot dependency distribution error exclude exclusive export
-    export-file external extra extra-node-info get-user-env gid gpu-bind gpu-freq gpus
-    gpus-per-node gpus-per-socket gpus-per-task gres gres-flags help hint hold ignore-pbs
-    input job-name kill-on-invalid-dep licenses mail-type mail-user mcs-label mem mem-bind
-    mem-per-cpu mem-per-gpu mincpus network nice no-kill no-requeue nodefile nodelist nodes
-    ntasks ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres
-    oom-kill-step open-mode output overcommit oversubscribe parsable partition power prefer
-    priority profile propagate qos quiet reboot requeue reservation resources resv-ports
-    segment signal sockets-per-node spread-job spread-segments stepmgr switches
-    tasks-per-node test-only thread-spec threads-per-core time time-min tmp tres-bind
-    tres-per-task uid usage use-min-nodes verbose version wait wait-all-nodes wckey wrap
-"""
-_SBATCH_ONLY_IN: dict[str, tuple[str, ...]] = {
-    "autocomplete": ("23.11", "24.11", "25.11"),
-    "consolidate-segments": ("25.11",),
-    "container-id": ("23.11", "24.11", "25.11"),
-    "export-file": ("22.05", "24.11", "25.11"),
-    "external": ("25.11",),
-    "extra": ("23.11", "24.11", "25.11"),
-    "oom-kill-step": ("24.11", "25.11"),
-    "power": ("22.05", "23.11"),
-    "resources": ("25.11",),
-    "resv-ports": ("24.11", "25.11"),
-    "segment": ("24.11", "25.11"),
-    "spread-segments": ("25.11",),
-    "stepmgr": ("24.11", "25.11"),
-    "tres-bind": ("23.11", "24.11", "25.11"),
-    "tres-per-task": ("23.11", "24.11", "25.11"),
-}
-SBATCH_LONG_OPTIONS: dict[str, tuple[str, ...]] = {
-    name: _SBATCH_ONLY_IN.get(name, SBATCH_RELEASES) for name in _SBATCH_NAMES.split()
-}
-"""Every long option of sbatch, and the releases that have it, as getopt_long of the
-sbatch binaries of Slurm 22.05.8, 23.11.9, 24.11.7 and 25.11.2 reads them (every prefix
-of every name was asked: tests/test_option_spellings.py). Two options of one release that
-start alike are ambiguous to getopt_long: sbatch's only aliases (--ntasks-per-node,
---tasks-per-node) share no prefix."""
-
-SBATCH_SHORT_OPTIONS: dict[str, str] = {
-    "A": "account",
-    "a": "array",
-    "b": "begin",
-    "B": "extra-node-info",
-    "c": "cpus-per-task",
-    "C": "constraint",
-    "d": "dependency",
-    "D": "chdir",
-    "e": "error",
-    "F": "nodefile",
-    "G": "gpus",
-    "h": "help",
-    "H": "hold",
-    "i": "input",
-    "J": "job-name",
-    "k": "no-kill",
-    "L": "licenses",
-    "m": "distribution",
-    "M": "clusters",
-    "n": "ntasks",
-    "N": "nodes",
-    "o": "output",
-    "O": "overcommit",
-    "p": "partition",
-    "q": "qos",
-    "Q": "quiet",
-    "s": "oversubscribe",
-    "S": "core-spec",
-    "t": "time",
-    "v": "verbose",
-    "V": "version",
-    "w": "nodelist",
-    "W": "wait",
-    "x": "exclude",
-}
-"""sbatch's one-letter options (the same in 22.05 to 25.11) and the long option of each."""
 
 ENV_DEFAULTS: dict[str, str] = {
     "SBATCH_ACCOUNT": "account",
