@@ -156,7 +156,7 @@ def test_wrapper_standalone_forwards_the_checkpoint_signal(
 
 def test_pool_up_is_idempotent(slurm_pool: Pool) -> None:
     res = slurm_pool.run(str(REPO / "slurm" / "pool"), "up")
-    assert "up: 4 nodes x 4 GPUs" in res.stderr
+    assert "4 nodes x 4 GPUs" in res.stderr
     assert "starting" not in res.stderr  # nothing restarted
     status = slurm_pool.run(str(REPO / "slurm" / "pool"), "status").stdout
     assert status.count("idle") + status.count("mixed") + status.count("allocated") >= 4

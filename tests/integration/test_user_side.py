@@ -73,7 +73,8 @@ def test_slurm_options_reach_slurm(env_pool: Pool) -> None:
         assert "#SBATCH --qos=normal\n" in (job_dir(env_pool, job) / "job.sbatch").read_text()
         assert info["MailType"] == "END" and info["MailUser"] == "ada"
         assert info["Dependency"].startswith(f"afterany:{dep}") and info["Nice"] == "5"
-        assert info["TresPerNode"] == "gres:gpu:1"  # SBATCH_GRES did not override hpcorch's
+        # SBATCH_GRES did not override hpcorch's (22.05 writes gres:gpu, 23.02+ gres/gpu)
+        assert info["TresPerNode"] in ("gres:gpu:1", "gres/gpu:1")
         assert "--account=proj-env" in (job_dir(env_pool, job) / "job.sbatch").read_text()
     finally:
         env_pool.run("scancel", str(dep), check=False)
@@ -132,7 +133,9 @@ def test_account_survives_resizes_and_logs_follow_them(env_pool: Pool, ctl: Cont
                 lambda g=gpus: (  # type: ignore[misc]
                     ctl.phase(job) == "running"
                     and env_pool.state(job) == "RUNNING"
-                    and show_job(env_pool, job).get("TresPerNode") == f"gres:gpu:{g}"
+                    # 22.05 writes gres:gpu:N, 23.02+ gres/gpu:N
+                    and show_job(env_pool, job).get("TresPerNode", "").replace("/", ":")
+                    == f"gres:gpu:{g}"
                     and started(env_pool, job)
                 ),
                 150,

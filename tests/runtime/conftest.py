@@ -9,5 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def runtime_pool(slurm_pool: Any) -> dict[str, str]:
-    """Just what reaches the pool: the runtime tests build the rest of each job's env."""
-    return {k: slurm_pool.env[k] for k in ("SLURM_CONF", "HPCORCH_POOL_DIR")}
+    """Just what reaches the pool (its slurm.conf; the PATH and library path of the Slurm
+    release it runs): the runtime tests build the rest of each job's env."""
+    keys = ("SLURM_CONF", "HPCORCH_POOL_DIR", "PATH", "LD_LIBRARY_PATH")
+    return {k: slurm_pool.env[k] for k in keys if k in slurm_pool.env}
