@@ -306,6 +306,23 @@ def test_a_bad_pin_is_ignored_with_a_reason(tmp_path: Path) -> None:
     assert rec.reason == "pin or request ignored: pin=? is not a number of ASCII digits"
 
 
+@pytest.mark.parametrize("pin", ["3", "50"])
+def test_a_pin_outside_the_job_s_bounds_is_ignored_with_a_reason(tmp_path: Path, pin: str) -> None:
+    """A pin written into the comment past `hpcorch resize` (scontrol update Comment=...)
+    below the job's min or above its max moves nothing."""
+    c = FakeCluster()
+    c.add(1, 4, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    before = ctl.store.job(1)
+    assert before is not None and before.target_gpus >= 4
+    c.set(1, tags={**c.jobs[1].job.tags, "pin": pin})
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.target_gpus == before.target_gpus
+    assert rec.reason == f"pin or request ignored: pin={pin} is outside 4..8"
+
+
 def test_an_exception_placing_one_start_holds_only_that_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

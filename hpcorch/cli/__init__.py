@@ -19,7 +19,7 @@ COMMANDS = {
     "logs": "hpcorch.cli.logs:logs",
     "controller": "hpcorch.cli.controller:controller",
     "describe": "hpcorch.cli.controller:describe",
-    "resize": "hpcorch.cli.controller:resize",
+    "resize": "hpcorch.cli.pin:resize",
     "metrics": "hpcorch.cli.controller:metrics",
     "simulate": "hpcorch.cli.simulate:simulate",
     "report": "hpcorch.cli.report:report",

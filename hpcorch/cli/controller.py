@@ -24,10 +24,9 @@ from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
-from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
-from hpcorch.protocol import JOB_COMMENT_TAG
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import backend_name, make_backend
 from hpcorch.slurm.files import Spool
@@ -408,6 +407,9 @@ def _slurm_view(job_id: int) -> str:
         parts.append(f"nodes {j.nodes}")
     if j.reservation:
         parts.append(f"reservation {j.reservation}")
+    pin = (parse_comment(j.comment) or {}).get("pin")
+    if pin:
+        parts.append(f"pinned to {pin} GPUs (hpcorch resize)")
     if j.state not in ("PENDING", "RUNNING"):
         parts.append(f"exit code {j.exit_code}")
     return ", ".join(parts)
@@ -415,41 +417,6 @@ def _slurm_view(job_id: int) -> str:
 
 def _clock(t: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-@click.command()
-@click.argument("job_id", type=params.JOB_ID)
-@click.option("--gpus", type=params.GPUS, help="Pin the job to this many GPUs.")
-@click.option("--auto", is_flag=True, help="Remove a pin: the policy decides again.")
-def resize(job_id: int, gpus: int | None, auto: bool) -> None:
-    """Pin a job's GPU count (or --auto to unpin). Slurm checks the job is yours."""
-    if (gpus is None) == (not auto):
-        raise click.UsageError("give either --gpus N or --auto")
-    try:
-        backend = make_backend()
-        job = next((j for j in backend.jobs() if j.job_id == job_id), None)
-        if job is None:
-            raise HpcorchError(f"no job {job_id} in Slurm")
-        fields = parse_comment(job.comment)
-        if fields is None:
-            raise HpcorchError(f"job {job_id} was not submitted by hpcorch")
-        fields.pop("pin", None)
-        if gpus is not None:
-            fields["pin"] = str(gpus)
-        comment = f"{JOB_COMMENT_TAG}:" + ",".join(f"{k}={v}" for k, v in fields.items())
-        try:
-            backend.set_comment(job_id, comment)
-        except SlurmCommandError as exc:
-            text = str(exc).lower()
-            if "invalid user id" in text or "denied" in text or "not authorized" in text:
-                raise HpcorchError(
-                    f"job {job_id} is not yours: Slurm refused the change ({exc})"
-                ) from exc
-            raise
-    except HpcorchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    what = f"pinned to {gpus} GPUs" if gpus else "unpinned"
-    click.echo(f"job {job_id} {what}; the controller applies it at its next round")
 
 
 @click.command()

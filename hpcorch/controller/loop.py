@@ -356,7 +356,7 @@ class Controller:
             if rec is None:
                 continue
             try:
-                pin = pin_of(j.tags)
+                pin = pin_of(j.tags, rec.min_gpus, rec.max_gpus)
                 request = request_of(j.tags)
             except TagError as exc:
                 self._note(rec, "pin", f"pin or request ignored: {exc}")

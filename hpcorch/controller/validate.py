@@ -161,9 +161,10 @@ def parse_tags(tags: Mapping[str, str]) -> JobTags:
     )
 
 
-def pin_of(tags: Mapping[str, str]) -> int | None:
-    """The GPU count a job is pinned to (``hpcorch resize``), or None."""
-    return tag_int(tags, "pin", 1, MAX_GPUS)
+def pin_of(tags: Mapping[str, str], lo: int = 1, hi: int = MAX_GPUS) -> int | None:
+    """The GPU count a job is pinned to (``hpcorch resize``), or None; TagError when it is
+    outside the job's bounds ``lo..hi`` (a comment edited past ``hpcorch resize``)."""
+    return tag_int(tags, "pin", max(1, lo), min(hi, MAX_GPUS))
 
 
 def request_of(tags: Mapping[str, str]) -> tuple[int, int] | None:
