@@ -62,7 +62,10 @@ def test_bad_use_is_one_clear_line(tmp_path: Path, args: list[str], code: int, n
 
 
 def steps_of(conf: Path) -> list[int]:
-    """The slurmstepd processes started by the pool whose slurm.conf is ``conf``."""
+    """The slurmstepd processes started by the pool whose slurm.conf is ``conf``: those
+    holding that pool's slurmd log open (every release), or started with its SLURM_CONF
+    (22.05 only: 23.11+ give slurmstepd a clean environment)."""
+    logs = conf.parent.parent / "log"
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -70,9 +73,14 @@ def steps_of(conf: Path) -> list[int]:
         try:
             cmd = (proc / "cmdline").read_bytes()
             env = (proc / "environ").read_bytes().split(b"\0")
+            fds = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
         except OSError:
             continue
-        if cmd.startswith(b"slurmstepd: [") and f"SLURM_CONF={conf}".encode() in env:
+        if not cmd.startswith(b"slurmstepd: ["):
+            continue
+        if f"SLURM_CONF={conf}".encode() in env or any(
+            f.startswith(f"{logs}/slurmd-") for f in fds
+        ):
             found.append(int(proc.name))
     return found
 
