@@ -262,8 +262,9 @@ def test_a_user_cannot_resize_another_users_job(env_pool: Pool, tmp_path: Path) 
     from tests.conftest import EXAMPLE
 
     out = env_pool.hpcorch(
-        "submit", "--min-gpus", "1", "--parsable", str(EXAMPLE), "--epochs", "1000"
-    )
+        "submit", "--min-gpus", "1", "--max-gpus", "2", "--parsable", str(EXAMPLE),
+        "--epochs", "1000",
+    )  # fmt: skip
     job = int(out.stdout.strip())
     try:
         env = {**env_pool.env, **extra}
