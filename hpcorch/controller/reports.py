@@ -3,10 +3,20 @@
 Every value is checked (hpcorch/controller/validate.py): a line with a bad required value
 is dropped, an optional bad value is ignored. A job's script writes these lines, so
 nothing here may raise on anything a line holds.
+
+What Slurm knows outranks what a job says: a throughput sample is stored at the shape Slurm
+shows the running launch (the record's ``gpus`` and ``nodes``, which
+:func:`hpcorch.controller.reconcile.observe` sets from Slurm), never at the ``gpus`` a line
+names. A steps line that names another GPU count is dropped whole (no sample, no field of
+the record taken from it), and said once per launch of the job; so is a line read before
+Slurm shows where the launch runs. A line of an earlier launch (its ``launch``, the
+wrapper's ``SLURM_RESTART_COUNT``, below Slurm's restart count), read late, is dropped
+quietly: it was measured at a shape Slurm no longer shows.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,9 +50,9 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
     if event != "steps":
         return None
     s = steps_line(line)
-    if s is None:
+    if s is None or not _slurm_shape(rec, line, s.gpus, log):
         return None
-    gpus = s.gpus or rec.gpus
+    gpus = rec.gpus
     batch = s.global_batch or rec.global_batch or rec.batch
     if s.epoch is not None:
         rec.epoch = s.epoch
@@ -59,7 +69,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         slurm_id=rec.slurm_id,
         time=s.time,
         gpus=gpus,
-        nodes=max(1, rec.nodes),
+        nodes=max(1, rec.nodes),  # Slurm's, as the GPUs
         micro_batch=rec.micro_batch,
         accum_steps=rec.accum_steps,
         global_batch=batch,
@@ -72,6 +82,35 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         data_wait=s.data_wait,
         epoch=rec.epoch,
     )
+
+
+MAX_SAID = 4096
+"""Launches whose shape mismatch was said, remembered (the oldest forgotten first)."""
+_said: OrderedDict[tuple[int, float, int], None] = OrderedDict()
+
+
+def _slurm_shape(
+    rec: JobRecord, line: Mapping[str, Any], gpus: int | None, log: Callable[[str], None]
+) -> bool:
+    """Whether a steps line may be counted at the shape Slurm shows for ``rec``."""
+    launch = as_int(line.get("launch"), 0, MAX_COUNT)
+    if launch is not None and launch < rec.slurm_restarts:
+        return False  # an earlier launch's line, read late
+    if rec.gpus <= 0:
+        return False  # Slurm has not shown where this launch runs
+    if gpus is None or gpus == rec.gpus:
+        return True
+    said = (rec.slurm_id, rec.submit_time, rec.launches)
+    if said not in _said:
+        _said[said] = None
+        if len(_said) > MAX_SAID:
+            _said.popitem(last=False)
+        log(
+            f"job {rec.slurm_id} reported steps on {gpus} GPUs; Slurm runs launch "
+            f"{rec.launches} on {rec.gpus} GPU(s), {max(1, rec.nodes)} node(s): lines of "
+            "another shape are dropped"
+        )
+    return False
 
 
 def _flag(line: Mapping[str, Any], key: str, default: int) -> int:
