@@ -20,7 +20,9 @@ def test_keys_follow_owner_and_app_then_fingerprint() -> None:
     assert fp == "ResNet:11173962:50000"
     assert model_key("alice", "train", fp, 7) == "alice/train"
     assert model_key("bob", "train", fp, 8) == "bob/train"  # two users' train: two keys
-    assert model_key("alice", "", fp, 7) == model_key("bob", "", fp, 8) == f"model:{fp}"
+    # the same model of two users: two keys (pooled only where the site opts in)
+    assert model_key("alice", "", fp, 7) == f"alice/model:{fp}"
+    assert model_key("bob", "", fp, 8) == f"bob/model:{fp}"
     assert model_key("alice", "", "", 7) == "job:7"  # says nothing: never pooled
 
 
@@ -83,8 +85,8 @@ def test_the_controller_keys_jobs_by_owner_app_and_fingerprint(tmp_path: Path) -
     assert policy.seen == {
         "1": ("alice/train", 1000),
         "2": ("bob/train", 1000),
-        "3": (fp, 1000),
-        "4": (fp, 1000),
+        "3": (f"alice/{fp}", 1000),
+        "4": (f"bob/{fp}", 1000),
         "5": ("job:5", 0),
     }
 
@@ -107,5 +109,5 @@ def test_a_hostile_start_event_neither_keys_nor_stops_the_loop(tmp_path: Path) -
         ctl.cycle()
         cluster.t += 1
     assert policy.seen["1"] == ("job:1", 0)
-    assert policy.seen["2"] == ("model:Net:250:1000", 1000)
-    assert policy.seen["3"] == ("model:" + "." * 64 + ":250:1000", 1000)
+    assert policy.seen["2"] == ("u/model:Net:250:1000", 1000)
+    assert policy.seen["3"] == ("u/model:" + "." * 64 + ":250:1000", 1000)

@@ -27,6 +27,7 @@ from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
+from hpcorch.policy.pooling import AcrossOwners
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import backend_name, make_backend
 from hpcorch.slurm.files import Spool
@@ -153,6 +154,12 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option(
     "--seed", type=params.SEED, default=0, show_default=True, help="Random seed of the policy."
 )
+@click.option(
+    "--pool-models-across-users",
+    is_flag=True,
+    help="Let jobs of different users that report one model fingerprint share what was "
+    "learned of it (by a vote of owners); by default only one user's jobs pool.",
+)
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option(
     "--spool",
@@ -197,6 +204,7 @@ def controller(
     max_retries: int,
     min_run: float,
     seed: int,
+    pool_models_across_users: bool,
     once: bool,
     spool: str | None,
     adopt: bool,
@@ -247,7 +255,10 @@ def controller(
             restart_cost_s=restart_cost,
             settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),
         )
-        loop = Controller(cluster, store, make_policy(policy, seed), config)
+        chosen = make_policy(policy, seed)
+        if pool_models_across_users:
+            chosen = AcrossOwners(chosen)
+        loop = Controller(cluster, store, chosen, config)
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: Any) -> None:

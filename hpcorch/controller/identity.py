@@ -4,8 +4,11 @@ The key a policy pools by (``JobView.application``):
 
 * ``<owner>/<app>`` when the job was submitted with ``--app``: one user's name for one of
   their models (two users' ``--app train`` are two keys);
-* else ``model:<class>:<parameters>:<dataset size>``, the fingerprint the runtime reports
-  when training starts (the same model on the same data, whoever runs it);
+* else ``<owner>/model:<class>:<parameters>:<dataset size>``, the fingerprint the runtime
+  reports when training starts (the same model on the same data, as one user runs it).
+  Jobs of several users share what was learned of one fingerprint only where the site
+  opts in (``hpcorch controller --pool-models-across-users``), and then by a vote of
+  owners (:mod:`hpcorch.policy.pooling`);
 * else ``job:<Slurm id>``: a job that says nothing about its model is new, and is never
   pooled with others by its script's name.
 
@@ -51,5 +54,5 @@ def model_key(user: str, app: str, fp: str, slurm_id: int) -> str:
     if app:
         return f"{user}/{app}"
     if fp:
-        return f"model:{fp}"
+        return f"{user}/model:{fp}"
     return f"job:{slurm_id}"

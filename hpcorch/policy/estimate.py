@@ -16,8 +16,8 @@ import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
 from hpcorch.model.throughput import Network, ThroughputModel, learn_network
-from hpcorch.policy.pooling import model_keys
-from hpcorch.policy.types import JobView, Snapshot, StepSample
+from hpcorch.policy.pooling import model_keys, pooled_profiles
+from hpcorch.policy.types import JobView, Snapshot
 
 BATCH_GRID = 10
 
@@ -72,21 +72,19 @@ def estimate(
     n = len(jobs)
     total = snapshot.total_gpus
     per_node = max(snapshot.node_gpus) if snapshot.node_gpus else 1
-    key, hist_key = model_keys(jobs, snapshot.history)
-    samples: dict[str, list[StepSample]] = {}
+    key, hist_key = model_keys(jobs, snapshot.history, snapshot.pool_across_owners)
+    samples = pooled_profiles(jobs, snapshot.history, key, hist_key)
     sizes: dict[str, list[int]] = {}
     stats: dict[str, list[tuple[float, float]]] = {}
     refs_of: dict[str, list[np.ndarray]] = {}
     for h in snapshot.history:
         hk = hist_key[h.job_id]
-        samples.setdefault(hk, []).extend(h.profile)
         if h.model_bytes > 0:
             sizes.setdefault(hk, []).append(h.model_bytes)
         if h.grad_history:
             refs_of.setdefault(hk, []).append(_ratios(h.grad_history))
     for j in jobs:
         hk = key[j.job_id]
-        samples.setdefault(hk, []).extend(j.profile)
         if j.model_bytes > 0:
             sizes.setdefault(hk, []).append(j.model_bytes)
         if j.grad_sqr is not None and j.grad_var is not None:

@@ -147,6 +147,10 @@ class Snapshot:
     restart_cost_s: float = 30.0
     node_cpus: tuple[int, ...] = ()
     """CPUs per node (same order as ``node_gpus``); empty = CPUs not managed."""
+    pool_across_owners: bool = False
+    """The site's opt-in: jobs of every owner that report one model fingerprint pool what
+    was learned of it (by a vote of owners, :mod:`hpcorch.policy.pooling`); else only one
+    owner's jobs pool."""
 
     @property
     def total_gpus(self) -> int:
