@@ -1,4 +1,5 @@
-"""Reports for the controller: metrics as JSON lines at a bounded rate, and a heartbeat."""
+"""Reports for the controller: metrics as JSON lines at a bounded rate in a file of bounded
+size (rotated past ``MAX_BYTES``: hpcorch/metrics_file.py), and a heartbeat."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcorch.metrics_file import MAX_BYTES, append_line
 from hpcorch.protocol import TMP_SUFFIX
 from hpcorch.runtime.fence import Gate
 
@@ -34,6 +36,8 @@ class MetricsWriter:
     """Writes go through it: fenced, and a failing disk becomes one reason."""
     launch: int | None = None
     """This launch's generation, in every line (an older launch's lines can be told apart)."""
+    max_bytes: int = MAX_BYTES
+    """The file is rotated (to ``metrics.jsonl.1``) before it grows past this."""
     _window: _Window = field(default_factory=_Window)
     _last: float = field(default_factory=time.monotonic)
     lines: int = 0
@@ -88,11 +92,10 @@ class MetricsWriter:
             return
         if self.launch is not None:
             line["launch"] = self.launch
-        text = json.dumps(line, allow_nan=False, default=_plain) + "\n"
+        data = (json.dumps(line, allow_nan=False, default=_plain) + "\n").encode()
 
         def append() -> None:
-            with open(path, "a", encoding="utf-8") as f:
-                f.write(text)
+            append_line(path, data, self.max_bytes)
 
         self.gate.write(path, append)
 

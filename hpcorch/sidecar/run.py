@@ -29,6 +29,7 @@ from typing import IO, Any
 
 from hpcorch import logsetup
 from hpcorch.budget import record_relaunch
+from hpcorch.metrics_file import append_line
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
     BATCH_FILE,
@@ -67,6 +68,8 @@ from hpcorch.sidecar.lost import lost_reason, node_failure_line, read_launch_rec
 
 KILL_WAIT_S = 15.0
 POLL_S = 0.2
+POLL_BYTES = 1 << 20
+"""Most bytes of the metrics file read per poll for the runtime's start line."""
 
 
 _logger = logging.getLogger("hpcorch.sidecar")
@@ -207,12 +210,7 @@ class Sidecar:
     def emit(self, line: dict[str, Any]) -> None:
         line.setdefault("time", time.time())
         line.setdefault("launch", self.launch)
-        data = (json.dumps(line) + "\n").encode()
-        fd = os.open(self.metrics, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+        append_line(self.metrics, (json.dumps(line) + "\n").encode())  # rotated past its cap
 
     # --- running --------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -363,11 +361,15 @@ class Sidecar:
             return
         try:
             with open(self.metrics, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self.runtime_offset:
+                    self.runtime_offset = 0  # rotated or truncated: a new file
                 fh.seek(self.runtime_offset)
-                data = fh.read()
+                data = fh.read(POLL_BYTES)
         except OSError:
             return
         end = data.rfind(b"\n") + 1
+        if end == 0 and len(data) == POLL_BYTES:
+            end = len(data)  # one line longer than a whole read: skipped
         self.runtime_offset += end
         for line in data[:end].splitlines():
             if b'"event": "start"' in line or b'"event":"start"' in line:

@@ -11,7 +11,8 @@ every path relative to a directory it checked, without following symbolic links.
 A job's metrics are read from the job's own directory (the ``dir=`` tag of its comment)
 with every component opened without following symbolic links, only when the file is a
 regular file owned by the job's owner, without blocking (a FIFO is refused, not opened
-for reading), and at most ``MAX_READ`` bytes a cycle.
+for reading), and at most ``MAX_READ`` bytes a cycle (plus the rest of the rotated file,
+``metrics.jsonl.1``, in the cycle that finds the file rotated: hpcorch/metrics_file.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcorch.errors import HpcorchError
+from hpcorch.metrics_file import ROTATED_SUFFIX
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import PLAN_FILE, TMP_SUFFIX
 
@@ -199,27 +201,56 @@ def _open_plain(path: str) -> int:
 def read_lines(path: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
     """The JSON objects on the whole lines of a job's file from ``offset``, and the offset
     to continue from. The file must be a regular file owned by ``uid``; a missing one has
-    no lines. At most ``MAX_READ`` bytes are read; longer or malformed lines are skipped."""
+    no lines. At most ``MAX_READ`` bytes are read; longer or malformed lines are skipped.
+    A file shorter than ``offset`` was rotated (hpcorch/metrics_file.py): the rest of the
+    rotated file (``path`` + ``.1``, at most ``MAX_READ`` bytes of it) comes first, then the
+    new file from its start; or truncated: it is read again from its start."""
+    rest, data, offset = _read_from(path, offset, uid, rotated_too=True)
+    end = data.rfind(b"\n") + 1  # only whole lines; a partial last line waits
+    if end == 0 and len(data) == MAX_READ:
+        return _parse(rest), offset + len(data)  # one line longer than a whole read: skipped
+    return _parse(rest + data[:end]), offset + end
+
+
+def _read_from(path: str, offset: int, uid: int, rotated_too: bool) -> tuple[bytes, bytes, int]:
+    """The whole lines left in the rotated file if ``path`` was rotated (b"" otherwise, or
+    unless ``rotated_too``), up to ``MAX_READ`` bytes of ``path`` (b"" for a missing file),
+    and the offset in ``path`` those start at (0 when it is shorter than ``offset``)."""
     try:
         fd = _open_plain(path)
     except FileNotFoundError:
-        return [], offset
+        return b"", b"", offset
     except PermissionError as exc:
         raise UnsafeFile(f"{path}: {exc.strerror}") from exc
     try:
         st = os.fstat(fd)
         if uid < 0 or st.st_uid != uid:
             raise UnsafeFile(f"{path} belongs to uid {st.st_uid}, not to the job's owner")
-        if st.st_size < offset:
-            offset = 0  # truncated or replaced: read it again
-        data = os.pread(fd, MAX_READ, offset)
+        rest = b""
+        if st.st_size < offset:  # rotated or truncated: read it again from its start
+            if rotated_too:
+                rest = _rotated_rest(path + ROTATED_SUFFIX, offset, uid)
+            offset = 0
+        return rest, os.pread(fd, MAX_READ, offset), offset
     finally:
         os.close(fd)
-    end = data.rfind(b"\n") + 1  # only whole lines; a partial last line waits
-    if end == 0 and len(data) == MAX_READ:
-        return [], offset + len(data)  # one line longer than a whole read: skip it
+
+
+def _rotated_rest(path: str, offset: int, uid: int) -> bytes:
+    """The whole lines of a rotated file after ``offset`` (b"" if it ends before it: not
+    the file read so far), at most ``MAX_READ`` bytes of them."""
+    try:
+        _, data, start = _read_from(path, offset, uid, rotated_too=False)
+    except (OSError, UnsafeFile):
+        return b""
+    if start != offset:
+        return b""
+    return data[: data.rfind(b"\n") + 1]
+
+
+def _parse(data: bytes) -> list[dict[str, Any]]:
     lines: list[dict[str, Any]] = []
-    for raw in data[:end].splitlines():
+    for raw in data.splitlines():
         if len(raw) > MAX_LINE:
             continue
         try:
@@ -228,4 +259,4 @@ def read_lines(path: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], 
             continue
         if isinstance(doc, dict):
             lines.append(doc)
-    return lines, offset + end
+    return lines
