@@ -7,6 +7,9 @@ writes the records a cycle changed, with the samples the cycle digested, in the 
 transaction that logs the cycle's intended actions, before it acts: what is durable before
 an action is unchanged. If a cycle fails part-way, :meth:`Records.load` reads the view back
 from the store, dropping whatever the failed cycle changed only in memory.
+
+A job's samples are bounded whatever it reports (hpcorch/controller/thinning.py): when the
+controller thins them in memory, the next write gives the store the same samples.
 """
 
 from __future__ import annotations
@@ -15,6 +18,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from hpcorch.controller.store import JobRecord, Sample, Store
+from hpcorch.controller.thinning import (
+    KEEP_FINISHED,
+    KEEP_RUNNING,
+    MAX_SAMPLES_PER_JOB,
+    SAMPLES_PER_CYCLE,
+    keep,
+)
 
 
 def _values(rec: JobRecord) -> tuple[Any, ...]:
@@ -36,6 +46,8 @@ class Records:
         self._active = {s: r for s, r in self.all.items() if r.active}
         self._samples: dict[int, list[Sample]] = {}
         self._staged: list[Sample] = []
+        self._pruned: dict[int, list[Sample]] = {}
+        """Jobs whose samples were thinned: the store is given exactly these."""
         self._new: list[int] = []
         self._ended = [s for s, r in self.all.items() if not r.active]
         self.lost: set[int] = {s for s, r in self.all.items() if r.phase == "lost"}
@@ -62,17 +74,35 @@ class Records:
             self._ended.append(rec.slurm_id)
 
     def samples(self, slurm_id: int) -> list[Sample]:
-        """Every sample the job reported, oldest first."""
+        """The job's samples the controller keeps, oldest first: every one it reported up
+        to the bounds of hpcorch/controller/thinning.py."""
         got = self._samples.get(slurm_id)
         if got is None:
             got = self._samples[slurm_id] = self.store.samples(slurm_id)
         return got
 
     def stage(self, samples: Iterable[Sample]) -> None:
-        """New samples: seen at once, stored with the next :meth:`write`."""
+        """New samples: seen at once, stored with the next :meth:`write`. At most
+        ``SAMPLES_PER_CYCLE`` of a job are taken from one call; a job that reaches
+        ``MAX_SAMPLES_PER_JOB`` is thinned to ``KEEP_RUNNING``."""
+        by_job: dict[int, list[Sample]] = {}
         for s in samples:
-            self.samples(s.slurm_id).append(s)
-            self._staged.append(s)
+            by_job.setdefault(s.slurm_id, []).append(s)
+        for sid, new in by_job.items():
+            if len(new) > SAMPLES_PER_CYCLE:
+                new = keep(new, SAMPLES_PER_CYCLE)
+            have = self.samples(sid)
+            have += new
+            if len(have) > MAX_SAMPLES_PER_JOB:
+                self._thin(sid, KEEP_RUNNING)
+            elif sid not in self._pruned:
+                self._staged += new
+
+    def _thin(self, slurm_id: int, budget: int) -> None:
+        """Thin the job's samples in memory; the store follows with the next write."""
+        have = self.samples(slurm_id)
+        have[:] = keep(have, budget)
+        self._pruned[slurm_id] = have
 
     def write(
         self, unstorable: Callable[[JobRecord, BaseException], JobRecord] | None = None
@@ -81,8 +111,11 @@ class Records:
         A record the store refuses is replaced by ``unstorable(rec, error)`` (stored in its
         place, kept in memory); without it, the error propagates."""
         if self._staged:
-            self.store.add_samples(self._staged)
+            self.store.add_samples([s for s in self._staged if s.slurm_id not in self._pruned])
             self._staged = []
+        for sid, kept in self._pruned.items():
+            self.store.prune_samples(sid, kept)
+        self._pruned = {}
         # Only active records and new ones can have changed: the cycle moves nothing else.
         dirty = []
         for sid in [*self._active, *self._new]:
@@ -115,11 +148,18 @@ class Records:
                 self.lost.add(sid)
 
     def ended(self) -> list[JobRecord]:
-        """Records that left the active phases since the last call (all, the first time)."""
+        """Records that left the active phases since the last call (all, the first time).
+        Their samples are thinned to ``KEEP_FINISHED`` (the store with the next write)."""
         out = [self.all[s] for s in self._ended]
         self._ended = []
+        for rec in out:
+            sid = rec.slurm_id
+            held = self._samples.get(sid)
+            count = len(held) if held is not None else self.store.count_samples(sid)
+            if count > KEEP_FINISHED:
+                self._thin(sid, KEEP_FINISHED)
         return out
 
     def forget_samples(self, slurm_id: int) -> None:
-        """Drop a finished job's samples from memory (they stay in the store)."""
+        """Drop an ended job's samples from memory (what was kept stays in the store)."""
         self._samples.pop(slurm_id, None)

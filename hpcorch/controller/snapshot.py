@@ -35,6 +35,8 @@ class _Groups:
 
     def __init__(self) -> None:
         self.seen = 0
+        self.last: Sample | None = None
+        """The last sample added: a list it is no longer at ``seen - 1`` in was thinned."""
         self.steps: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
         self.cpus: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
         self.value: tuple[tuple[StepSample, ...], tuple[CpuSample, ...]] | None = None
@@ -53,6 +55,8 @@ class _Groups:
                 rows.append((s.step_time / accum, wait))
                 del rows[:-PROFILE_WINDOW]
         self.seen += len(samples)
+        if samples:
+            self.last = samples[-1]
         self.value = None
 
     def profiles(self) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
@@ -105,9 +109,10 @@ class Profiles:
     def of(
         self, slurm_id: int, samples: Sequence[Sample]
     ) -> tuple[tuple[StepSample, ...], tuple[CpuSample, ...]]:
-        """``samples``: every sample the job reported so far, oldest first."""
+        """``samples``: the job's samples so far, oldest first, as the controller keeps
+        them (added to at the end; thinned or read again: taken afresh)."""
         g = self._jobs.get(slurm_id)
-        if g is None or g.seen > len(samples):
+        if g is None or g.seen > len(samples) or (g.seen and samples[g.seen - 1] is not g.last):
             g = self._jobs[slurm_id] = _Groups()
         if g.seen < len(samples):
             g.add(samples[g.seen :])

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -60,6 +60,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "fingerprint TEXT NOT NULL DEFAULT ''"),
         ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
+    8: (("jobs", "slurm_launch INTEGER NOT NULL DEFAULT 0"),),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -255,6 +256,10 @@ class JobRecord:
     on every node."""
     ready_at: float = 0.0
     """When the current launch reported that training started (0: not yet)."""
+    slurm_launch: int = 0
+    """1 while the current launch is one Slurm made on its own after a node failure (its
+    requeue), not one the controller started: such a launch failing before it trains is
+    the node's doing (a returning node refuses it), never counted as a try of the job."""
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
@@ -509,6 +514,16 @@ class Store:
     def add_samples(self, samples: Sequence[Sample]) -> None:
         if samples:
             self.db.executemany(_ADD_SAMPLE, [_sample_row(s) for s in samples])
+
+    def prune_samples(self, slurm_id: int, kept: Sequence[Sample]) -> None:
+        """The job's samples become ``kept`` (what the controller chose to keep of them:
+        hpcorch/controller/thinning.py); the others are deleted."""
+        self.db.execute("DELETE FROM samples WHERE slurm_id=?", (slurm_id,))
+        self.add_samples([s for s in kept if s.slurm_id == slurm_id])
+
+    def count_samples(self, slurm_id: int) -> int:
+        row = self.db.execute("SELECT COUNT(*) FROM samples WHERE slurm_id=?", (slurm_id,))
+        return int(row.fetchone()[0])
 
     def samples(self, slurm_id: int) -> list[Sample]:
         cur = self.db.execute("SELECT * FROM samples WHERE slurm_id=? ORDER BY time", (slurm_id,))
