@@ -38,6 +38,10 @@ class PoolNode:
     """CPUs of the node (0: unknown; CPUs are then not planned)."""
     cpus_used: int = 0
     """CPUs allocated to jobs on the node."""
+    gpus_foreign: int = 0
+    """GPUs held by jobs the controller did not place (never planned as free)."""
+    cpus_foreign: int = 0
+    """CPUs held by jobs the controller did not place."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,31 @@ class ObservedJob:
 
 
 @dataclass(frozen=True)
+class ForeignJob:
+    """A job on the pool's nodes that the controller did not place: one in the reservation
+    without hpcorch's tag (plain sbatch), or GPUs in use that no listed job accounts for
+    (``slurm_id`` 0: a job outside the reservation, e.g. one that ran before it)."""
+
+    slurm_id: int
+    user: str
+    name: str
+    state: str
+    node_names: tuple[str, ...]
+    gpus: tuple[int, ...]
+    """GPUs on each of ``node_names``."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.slurm_id,
+            "user": self.user,
+            "name": self.name,
+            "state": self.state,
+            "nodes": list(self.node_names),
+            "gpus": list(self.gpus),
+        }
+
+
+@dataclass(frozen=True)
 class Observation:
     time: float
     nodes: tuple[PoolNode, ...]
@@ -87,6 +116,9 @@ class Observation:
     fair_shares: Mapping[str, float] = field(default_factory=dict)
     """User -> the scheduler's fair-share factor (0..1; Slurm's FairShare with
     accounting). Empty: every user counts the same."""
+    foreign: tuple[ForeignJob, ...] = ()
+    """Jobs on the pool's nodes the controller did not place (their GPUs are in
+    ``PoolNode.gpus_foreign``)."""
 
 
 @dataclass(frozen=True)

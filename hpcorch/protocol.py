@@ -29,12 +29,18 @@ EXIT_LAUNCH_LOST = 79
 (``LAUNCH_FILE``): nothing it did is a result. Slurm has usually requeued the job already;
 the wrapper never turns such a launch into a success, and an old launch's ranks stop with
 this code without writing anything once they find themselves superseded."""
+EXIT_UNPLANNED = 77
+"""Under the controller, this launch has no plan from it: Slurm started the job without the
+controller (its owner or an admin released it). The wrapper runs nothing and exits with this
+code; the controller holds the job again and starts it itself, never counting it as a try.
+77 is EX_NOPERM from sysexits.h."""
 EXIT_CODES = {
     EXIT_DONE: "done",
     EXIT_RELAUNCH: "checkpointed, relaunch me",
     EXIT_STORAGE: "job directory not writable",
     EXIT_CONFIG: "bad plan, checkpoint or settings",
     EXIT_LAUNCH_LOST: "launch lost or superseded",
+    EXIT_UNPLANNED: "started without the controller's plan",
 }
 """The codes with a meaning of their own; anything else (non-zero) is a failure."""
 

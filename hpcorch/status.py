@@ -229,6 +229,30 @@ def render_pool(pool: Sequence[PoolRow]) -> str:
     return "\n".join(out)
 
 
+def render_foreign(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Jobs on the pool's nodes the controller did not place (its state's ``foreign``):
+    counted as taken, never planned; '' when there are none."""
+    if not rows:
+        return ""
+    table = []
+    for r in rows:
+        nodes = [str(n) for n in r.get("nodes") or []]
+        gpus = [int(g) for g in r.get("gpus") or [] if isinstance(g, int)]
+        where = " ".join(f"{n}:{g}" for n, g in zip(nodes, gpus, strict=False)) or "-"
+        table.append(
+            [
+                str(r.get("id") or "-"),
+                str(r.get("user", "?"))[:32],
+                str(r.get("name", ""))[:40],
+                str(r.get("state", "")),
+                str(sum(gpus)),
+                where,
+            ]
+        )
+    head = f"NOT PLACED BY THE CONTROLLER  {len(rows)} job(s): their GPUs are taken, never planned"
+    return head + "\n" + render_table(["JOBID", "USER", "NAME", "STATE", "GPUS", "NODES"], table)
+
+
 def render_jobs(jobs: Sequence[JobRow], fmt: str | None = None, header: bool = True) -> str:
     """The jobs as a table: ``fmt`` as squeue's -o (``%.8i %j %T``) or a list of field
     names (``jobid,name,phase``); default: hpcorch's columns."""

@@ -56,6 +56,7 @@ def job(job_id: int, **kw: Any) -> SlurmJob:
         reservation="",
         held=False,
         uid=0,
+        cpus=1,
     )
     base.update(kw)
     return SlurmJob(**base)
@@ -65,7 +66,7 @@ def job(job_id: int, **kw: Any) -> SlurmJob:
 EXPECTED_JOBS = [
     job(1, exit_code=1),
     job(2, state="COMPLETED", reason="None"),
-    job(3, nodes="n[1-2]", node_count=2, exit_code=75),
+    job(3, nodes="n[1-2]", node_count=2, exit_code=75, cpus=2),
     job(
         4,
         name="my job",
@@ -85,6 +86,7 @@ EXPECTED_JOBS = [
             gpus_per_node=4,
             time_limit_min=0,
             held=held,
+            cpus=4,
         )
         for i, reason, held in ((5, "Resources", False), (6, "JobHeldUser", True))
     ),

@@ -439,6 +439,7 @@ def test_pyslurm_jobs_map_to_slurm_jobs(pyslurm_module: types.ModuleType) -> Non
         reservation="pool",
         held=False,
         uid=1000,
+        cpus=8,
     )
     held = jobs[8]  # a flag in place of the base state, as pyslurm reports it
     assert (held.state, held.held, held.reason) == ("PENDING", True, "JobHeldUser")

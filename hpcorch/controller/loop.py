@@ -16,11 +16,13 @@ free for others, and is retried after an exponential back-off, a bounded number 
 
 from __future__ import annotations
 
+import errno
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from hpcorch.cluster import Cluster, Observation, Shape
+from hpcorch.cluster import Cluster, Observation, ObservedJob, Shape
 from hpcorch.controller import adopt, reconcile
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.logs import describe, log_info, log_warning
@@ -73,6 +75,13 @@ class Controller:
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
         self._plan_batch: dict[int, int] = {}
         """The global batch of the plan each running launch has (this controller's writes)."""
+        self._foreign_seen: set[int] = set()
+        """Jobs not placed by the controller already warned about."""
+        self._holds_sent: set[int] = set()
+        """Jobs whose user hold the last cycle turned into the controller's own hold."""
+        self.admin_holds: bool | None = None
+        """Whether the controller's holds are admin holds a user cannot release (None: not
+        seen yet; False: Slurm records them as user holds, the controller is no operator)."""
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
@@ -125,6 +134,10 @@ class Controller:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
+        acting = {r.slurm_id for r, a in pending if a.kind in ("start", "hold", "requeue_hold")}
+        for rec in records:
+            if rec.slurm_id not in acting:
+                pending += self._own_hold(rec, observed.get(rec.slurm_id))
 
         def unstorable(rec: JobRecord, exc: BaseException) -> JobRecord:
             return self._unstorable(rec, exc, now)
@@ -155,11 +168,18 @@ class Controller:
         )
         pool = json.dumps(
             [
-                {"name": n.name, "gpus": n.gpus, "gpus_used": n.gpus_used, "usable": n.usable}
+                {
+                    "name": n.name,
+                    "gpus": n.gpus,
+                    "gpus_used": n.gpus_used,
+                    "usable": n.usable,
+                    "gpus_foreign": n.gpus_foreign,
+                }
                 for n in obs.nodes
             ]
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
+        ends += "\n" + self._foreign(obs)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
@@ -168,7 +188,9 @@ class Controller:
             meta = pool + "\n" + ends
             if meta != self._pool_meta:
                 self.store.set_meta("pool", pool)
-                self.store.set_meta("reservation_end", ends)
+                end, _, foreign = ends.partition("\n")
+                self.store.set_meta("reservation_end", end)
+                self.store.set_meta("foreign", foreign)
                 self._pool_meta = meta
         window = self.config.fast_for_s
         self._flight = any(
@@ -200,6 +222,56 @@ class Controller:
             else:
                 self.log(f"{who} {what} {rec.phase}")
         return bool(seen)
+
+    def _own_hold(self, rec: JobRecord, job: ObservedJob | None) -> list[tuple[JobRecord, Action]]:
+        """A queued job under its owner's hold (``sbatch --hold``, ``requeuehold``), which
+        its owner could release, is held by the controller instead: an admin hold, which
+        only an operator releases. Learned once: if Slurm still shows the user hold after
+        the controller's, the controller is no operator (one warning; the wrapper still runs
+        nothing without a plan, and the controller holds again what its owner releases)."""
+        user_hold = (
+            job is not None
+            and job.held
+            and job.reason == "JobHeldUser"
+            and rec.phase in ("queued", "starting")
+        )
+        sent = rec.slurm_id in self._holds_sent
+        self._holds_sent.discard(rec.slurm_id)
+        if not user_hold:
+            if sent and job is not None and job.reason == "JobHeldAdmin":
+                self.admin_holds = True
+            return []
+        if sent and self.admin_holds is None:
+            self.admin_holds = False
+            self.warn(
+                "Slurm keeps the controller's holds as user holds (JobHeldUser): its users can "
+                "release their queued jobs. Run the controller as SlurmUser or a Slurm operator "
+                "(sacctmgr modify user NAME set AdminLevel=Operator), or close the pool "
+                "(slurm/job_submit.lua); meanwhile a job released by its user is held again and "
+                "runs nothing without the controller's plan"
+            )
+        if self.admin_holds is False:
+            return []
+        self._holds_sent.add(rec.slurm_id)
+        return [(rec, Action("hold", rec.slurm_id, reason="the controller's own hold"))]
+
+    def _foreign(self, obs: Observation) -> str:
+        """The jobs on the pool's nodes the controller did not place, as stored for
+        ``hpcorch status`` (JSON); one warning for each new one."""
+        rows = [f.to_json() for f in obs.foreign]
+        ids = {f.slurm_id for f in obs.foreign}
+        for f in obs.foreign:
+            if f.slurm_id in self._foreign_seen:
+                continue
+            where = " ".join(f"{n}:{g}" for n, g in zip(f.node_names, f.gpus, strict=False))
+            what = f"job {f.slurm_id} of {printable(f.user, 32)}" if f.slurm_id else "a job"
+            self.warn(
+                f"{what} ({printable(f.name)}, {f.state.lower()}) is in the pool without the "
+                f"controller: {'its GPUs ' + where + ' are' if where else 'it is'} counted as "
+                "taken, never planned"
+            )
+        self._foreign_seen = ids
+        return json.dumps(rows)
 
     # --- bookkeeping --------------------------------------------------------------------
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
@@ -486,9 +558,12 @@ class Controller:
 
     def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
         """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
-        between while a transition is in flight."""
+        between while a transition is in flight. A failed cycle is retried after a back-off;
+        a full state directory is said once, and retried every ``interval_s`` (nothing is
+        done meanwhile: running jobs keep running, none starts, stops or resizes)."""
         backoff = self.config.interval_s
         last_full = -1e18
+        full_since = 0.0
         clock = self.cluster.now
         while not should_stop():
             t0 = clock()
@@ -497,16 +572,44 @@ class Controller:
                 stats = self.cycle(full=full)
                 backoff = self.config.interval_s
             except Exception as exc:
+                if disk_full(exc):
+                    if not full_since:
+                        full_since = t0
+                        self.warn(
+                            f"the controller's state cannot be written ({describe(exc)}): no "
+                            "decision until there is space again; running jobs keep running, "
+                            "none starts, stops or resizes meanwhile"
+                        )
+                    sleep(self.config.interval_s)
+                    continue
                 self.warn(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
                 sleep(backoff)
                 backoff = min(backoff * 2, 300.0)
                 continue
+            if full_since:
+                self.log(f"the controller's state is writable again after {t0 - full_since:.0f} s")
+                full_since = 0.0
             if full:
                 last_full = t0
             wait = self.next_interval(stats.slurm_calls)
             if not self.in_flight():  # the next full cycle is due interval_s after this one
                 wait = max(0.0, last_full + self.config.interval_s - t0)
             sleep(max(0.0, wait - (clock() - t0)))
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the state's file system is full (or over
+    quota)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.OperationalError) and "full" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _in_transition(rec: JobRecord) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
 from hpcorch.controller.store import JobRecord
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE
+from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
 from hpcorch.timefmt import fmt_duration
 
 
@@ -63,6 +63,9 @@ class Settings:
     max_start_failures: int = 5
     """Starts in a row that may fail (the plan cannot be written, Slurm refuses) before the
     job is left failed."""
+    launch_pending_s: float = 90.0
+    """A launch the controller released that Slurm still keeps pending after this long is
+    held again and planned afresh (Slurm's reason in the job's reason and the log)."""
 
 
 REQUEUED = "requeued by Slurm"
@@ -223,7 +226,7 @@ def observe(
     elif job.ended:
         _ended(rec, job, now, pool_nodes, s, out)
     elif job.state == "PENDING":
-        _pending(rec, job, now, pool_nodes, out)
+        _pending(rec, job, now, pool_nodes, out, s)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
         _running(rec, job, now, s, out)
     rec.slurm_restarts = max(restarts_before, job.restarts)
@@ -233,6 +236,7 @@ def observe(
 def _relaunch(
     rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, why: str
 ) -> None:
+    rec.slurm_launch = 0
     out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
     if rec.target_gpus > 0:
         out.actions.append(Action("start", rec.slurm_id, target_shape(rec, pool_nodes), why))
@@ -287,6 +291,12 @@ def _ended(
     if job.exit_code == EXIT_STORAGE:
         _storage_failed(rec, now, s, out)
         return
+    if job.exit_code == EXIT_UNPLANNED:
+        _unplanned(rec, now, s, out)
+        return
+    if rec.slurm_launch and not rec.ready:
+        _node_refused(rec, job, now, s, out)
+        return
     rec.failures += 1
     what = f"{job.state.lower()} with exit code {job.exit_code}"
     if job.exit_code == EXIT_CONFIG:
@@ -308,6 +318,59 @@ def _ended(
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
         out.events.append(f"failed: {rec.reason}")
+
+
+UNPLANNED = "started without the controller's plan (released by its user or an admin): held again"
+
+
+def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
+    """The wrapper found no plan of the controller's and ran nothing (EXIT_UNPLANNED).
+    Released by its owner or an admin while queued: held again, not a try. Released while
+    the controller was starting it (the plan not written yet, or unreadable on the node):
+    planned again after a back-off, counted as a failed start (bounded; a launch that
+    trains resets the count)."""
+    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=UNPLANNED))
+    rec.target_gpus = 0
+    rec.target_placement = "{}"
+    if rec.phase == "queued":
+        out.events.append(f"unplanned: {UNPLANNED} (not a try)")
+        rec.reason = UNPLANNED
+        return
+    rec.start_failures += 1
+    n = rec.start_failures
+    what = "its launch found no plan from the controller (exit 77)"
+    if n >= s.max_start_failures:
+        _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
+        rec.finished_at = now
+        rec.retry_at = 0.0
+        out.events.append(f"failed: {rec.reason}")
+        return
+    delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
+    why = f"{what}: planned again, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
+    out.events.append(f"retry: {why}")
+    rec.retry_at = now + delay
+    _set_phase(rec, "queued", now, why)
+    rec.phase_since = now
+
+
+def _node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
+    """A launch Slurm made on its own after a node failure ended before it trained: the
+    returning node refused it ("Job credential revoked"), not the job's doing. Never a try of
+    the job: back in the queue after a short back-off, planned afresh."""
+    rec.slurm_launch = 0
+    delay = s.start_backoff_s
+    why = (
+        f"Slurm's restart after a node failure ended at once ({job.state.lower()}, exit code "
+        f"{job.exit_code}) before training: not counted as a try, planned again in "
+        f"{delay:.0f} s"
+    )
+    out.events.append(f"requeued: {why}")
+    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+    rec.target_gpus = 0
+    rec.target_placement = "{}"
+    rec.retry_at = now + delay
+    _set_phase(rec, "queued", now, why)
+    rec.phase_since = now
 
 
 def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
@@ -345,7 +408,12 @@ def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> No
 
 
 def _pending(
-    rec: JobRecord, job: ObservedJob, now: float, pool_nodes: tuple[str, ...], out: Outcome
+    rec: JobRecord,
+    job: ObservedJob,
+    now: float,
+    pool_nodes: tuple[str, ...],
+    out: Outcome,
+    s: Settings,
 ) -> None:
     if job.held:
         if rec.phase == "starting":  # the start was cut short (controller restart): redo it
@@ -377,8 +445,35 @@ def _pending(
         # restarts it anywhere in the pool (_pending).
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
+        rec.slurm_launch = 1
     elif rec.phase in ("queued", "stopping"):
-        _set_phase(rec, "starting", now, "released outside the controller")
+        # released by its owner or an admin, not by the controller: held again, and started
+        # by the controller alone (with its plan) when its turn comes
+        why = "released outside the controller: held again (the controller starts it)"
+        out.actions.append(Action("hold", rec.slurm_id, reason=why))
+        out.events.append(f"hold: {why}")
+        rec.reason = why
+    elif rec.phase == "starting" and not rec.reason.startswith(REQUEUED):
+        _launch_pending(rec, job, now, s, out)
+
+
+def _launch_pending(
+    rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome
+) -> None:
+    """A launch the controller released that Slurm keeps pending: Slurm's reason shown, and
+    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others)."""
+    waited = now - rec.phase_since
+    slurm_reason = job.reason or "no reason given"
+    if waited < s.launch_pending_s:
+        rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
+        return
+    why = f"Slurm kept the launch pending {waited:.0f} s ({slurm_reason}): held and planned again"
+    out.actions.append(Action("hold", rec.slurm_id, reason=why))
+    out.events.append(f"replan: {why}")
+    rec.target_gpus = 0
+    rec.target_placement = "{}"
+    rec.retry_at = now + s.start_backoff_s
+    _set_phase(rec, "queued", now, why)
 
 
 def _relaunch_from_held(
@@ -396,12 +491,22 @@ def _relaunch_from_held(
 
 
 def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
+    if rec.phase == "queued":
+        # Slurm runs a job the controller did not start (released by its owner or an admin
+        # before the controller could hold it again): it never trains without a plan (the
+        # wrapper refuses it), and is put back, held, without counting a launch or a try
+        if job.state in ("RUNNING", "CONFIGURING"):
+            out.actions.append(Action("requeue_hold", rec.slurm_id, reason=UNPLANNED))
+            out.events.append(f"unplanned: {UNPLANNED}")
+            rec.reason = UNPLANNED
+        return
     if rec.phase == "running" and job.restarts > rec.slurm_restarts:
         # requeued and started again by Slurm between two cycles (a node failure)
         rec.launches += 1
         rec.ready, rec.ready_at = 0, 0.0
         _set_phase(rec, "running", now, f"relaunched by Slurm (restart {job.restarts})")
         rec.phase_since = now
+        rec.slurm_launch = 1
         out.events.append(f"requeued: by Slurm and running again, restart {job.restarts}")
     if rec.phase in ("queued", "starting"):
         rec.launches += 1
@@ -493,6 +598,7 @@ def decide(
         return out  # it ends at its next checkpoint (observe), never starts again
     cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
     if rec.phase == "queued" and target_gpus > 0:
+        rec.slurm_launch = 0
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus
         rec.target_placement = json.dumps(placement)

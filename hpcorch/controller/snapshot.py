@@ -329,9 +329,10 @@ def build_snapshot(
     profiles: Profiles | None = None,
 ) -> Snapshot:
     pool_index = {n.name: i for i, n in enumerate(nodes)}
-    node_gpus = tuple(n.gpus if n.usable else 0 for n in nodes)
+    # what jobs the controller did not place hold is never planned as free
+    node_gpus = tuple(max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes)
     # CPUs are planned only where every node's count is known
-    node_cpus = tuple(n.cpus if n.usable else 0 for n in nodes)
+    node_cpus = tuple(max(0, n.cpus - n.cpus_foreign) if n.usable else 0 for n in nodes)
     if not nodes or any(n.cpus <= 0 for n in nodes):
         node_cpus = ()
     total = sum(node_gpus)

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcorch.errors import HpcorchError
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -60,6 +60,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "fingerprint TEXT NOT NULL DEFAULT ''"),
         ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
+    8: (("jobs", "slurm_launch INTEGER NOT NULL DEFAULT 0"),),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -255,6 +256,10 @@ class JobRecord:
     on every node."""
     ready_at: float = 0.0
     """When the current launch reported that training started (0: not yet)."""
+    slurm_launch: int = 0
+    """1 while the current launch is one Slurm made on its own after a node failure (its
+    requeue), not one the controller started: such a launch failing before it trains is
+    the node's doing (a returning node refuses it), never counted as a try of the job."""
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s

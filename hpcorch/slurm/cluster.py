@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.cluster import ENDED_STATES, ForeignJob, Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
@@ -59,6 +59,9 @@ class SlurmCluster:
         self._spool_swept_at = -1e18
         self._cpus_per_gpu: dict[int, int] = {}
         """CPUs per GPU each job of the pool asked for, as last observed."""
+        self._residue: dict[str, tuple[int, int]] = {}
+        """Per node, GPUs and CPUs in use that no job of the reservation accounted for at
+        the last observation."""
         self.pool_ends_at = 0.0
         """When the reservation ends (Unix time; 0: never or unknown)."""
         self._warned_at = -1e18
@@ -149,24 +152,12 @@ class SlurmCluster:
         # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
         rank = {n.name: i for i, n in enumerate(listed)}
         pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
-        nodes = tuple(
-            PoolNode(
-                name=name,
-                gpus=by_name[name].gpus if name in by_name else 0,
-                gpus_used=by_name[name].gpus_used if name in by_name else 0,
-                usable=by_name[name].usable if name in by_name else False,
-                cpus=by_name[name].cpus if name in by_name else 0,
-                cpus_used=by_name[name].cpus_used if name in by_name else 0,
-            )
-            for name in pool
-        )
         observed = []
+        foreign: list[ForeignJob] = []
+        held = _Held()
         cpus_per_gpu: dict[int, int] = {}
         for j in jobs:
             if j.reservation != self.reservation:
-                continue
-            tags = parse_comment(j.comment)
-            if tags is None:
                 continue
             try:
                 names = tuple(expand_nodelist(j.nodes)) if j.nodes else ()
@@ -179,6 +170,17 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
+            tags = parse_comment(j.comment)
+            holds = names and j.state not in ENDED_STATES
+            if tags is None:  # in the pool, not placed by the controller
+                if j.state not in ENDED_STATES:
+                    gpus = per_node or (per_gpu,) * len(names)
+                    foreign.append(ForeignJob(j.job_id, j.user, j.name, j.state, names, gpus))
+                    if holds:
+                        held.add("foreign", names, gpus, j.cpus)
+                continue
+            if holds:
+                held.add("own", names, per_node or (per_gpu,) * len(names), j.cpus)
             cpus = j.cpus_per_gpu or _cpus_tag(tags)
             if cpus:
                 cpus_per_gpu[j.job_id] = cpus
@@ -202,14 +204,49 @@ class SlurmCluster:
                     per_node=per_node,
                 )
             )
+        nodes = []
+        residue: dict[str, tuple[int, int]] = {}
+        for name in pool:
+            n = by_name.get(name)
+            if n is None:
+                nodes.append(PoolNode(name=name, gpus=0, gpus_used=0, usable=False))
+                continue
+            own_g, own_c = held.on("own", name)
+            for_g, for_c = held.on("foreign", name)
+            # GPUs/CPUs in use that no job of the reservation accounts for (a job outside
+            # it on these nodes): counted once two observations in a row show them, so a
+            # job ending between Slurm's two answers is not taken for one
+            now_g = max(0, n.gpus_used - own_g - for_g)
+            now_c = max(0, n.cpus_used - own_c - for_c)
+            residue[name] = (now_g, now_c)
+            was_g, was_c = self._residue.get(name, (0, 0))
+            extra_g, extra_c = min(now_g, was_g), min(now_c, was_c)
+            if extra_g:
+                foreign.append(
+                    ForeignJob(0, "?", "(not in the reservation)", "RUNNING", (name,), (extra_g,))
+                )
+            nodes.append(
+                PoolNode(
+                    name=name,
+                    gpus=n.gpus,
+                    gpus_used=n.gpus_used,
+                    usable=n.usable,
+                    cpus=n.cpus,
+                    cpus_used=n.cpus_used,
+                    gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
+                    cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
+                )
+            )
+        self._residue = residue
         self._cpus_per_gpu = cpus_per_gpu
         self._sweep_spool(j.job_id for j in jobs)
         return Observation(
             time=time.time(),
-            nodes=nodes,
+            nodes=tuple(nodes),
             jobs=tuple(observed),
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
+            foreign=tuple(foreign),
         )
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
@@ -234,13 +271,26 @@ class SlurmCluster:
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
 
     def hold(self, slurm_id: int) -> None:
+        """Hold a pending job: an admin hold, when the controller is a Slurm operator. Its
+        plan is withdrawn first: released by anyone else, the launch runs nothing."""
+        self._withdraw(slurm_id)
         self._tolerate(self.backend.hold, slurm_id, ok=("already",))
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id, signal=self.signal, batch_only=True)
 
     def requeue_hold(self, slurm_id: int) -> None:
+        """Requeue held (Slurm makes it a user hold; the loop turns it into the controller's
+        own next cycle), the plan of the launch that ends withdrawn first."""
+        self._withdraw(slurm_id)
         self._tolerate(self.backend.requeue_hold, slurm_id, ok=("already pending",))
+
+    def _withdraw(self, slurm_id: int) -> None:
+        if self.spool is not None:
+            try:
+                self.spool.withdraw(slurm_id)
+            except OSError as exc:  # the hold matters more than the file: go on
+                logger.warning("job %d: cannot withdraw its plan: %s", slurm_id, exc)
 
     def cancel(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id)
@@ -266,6 +316,24 @@ class SlurmCluster:
 
     def read_metrics(self, job_dir: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], int]:
         return read_lines(f"{job_dir.rstrip('/')}/{METRICS_FILE}", offset, uid)
+
+
+class _Held:
+    """GPUs and CPUs jobs hold on each node, by kind ("own", "foreign")."""
+
+    def __init__(self) -> None:
+        self._by: dict[tuple[str, str], list[int]] = {}
+
+    def add(self, kind: str, names: Sequence[str], gpus: Sequence[int], cpus: int) -> None:
+        per_cpu = -(-cpus // len(names)) if names else 0
+        for name, g in zip(names, gpus, strict=False):
+            have = self._by.setdefault((kind, name), [0, 0])
+            have[0] += g
+            have[1] += per_cpu
+
+    def on(self, kind: str, name: str) -> tuple[int, int]:
+        g, c = self._by.get((kind, name), (0, 0))
+        return g, c
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:

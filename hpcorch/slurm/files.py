@@ -151,6 +151,12 @@ class Spool:
             os.close(fd)
         os.rename(tmp, PLAN_FILE, src_dir_fd=job, dst_dir_fd=job)
 
+    def withdraw(self, slurm_id: int) -> None:
+        """Remove the job's plan: a launch Slurm makes before the controller writes the next
+        one finds none, and runs nothing (the wrapper's EXIT_UNPLANNED)."""
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(self.path(int(slurm_id)))
+
     def discard_except(self, live: Iterable[int]) -> list[int]:
         """Remove the directories of jobs not in ``live`` (gone from Slurm); their ids."""
         keep = {str(i) for i in live}

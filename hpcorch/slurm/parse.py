@@ -102,6 +102,8 @@ class SlurmJob:
     """CPUs per GPU it asked for (``--cpus-per-gpu``), 0 when not given."""
     account: str = ""
     qos: str = ""
+    cpus: int = 0
+    """CPUs allocated (or asked for, while pending) over all its nodes."""
 
     @property
     def gpus(self) -> int:
@@ -216,6 +218,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         cpus_per_gpu=gpus_in(_tres(raw.get("cpus_per_tres"))),
         account=str(raw.get("account") or ""),
         qos=str(raw.get("qos") or ""),
+        cpus=_num(raw.get("cpus")),
     )
 
 

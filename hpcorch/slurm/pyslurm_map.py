@@ -248,6 +248,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         gpus_by_node=by_node,
         cpus_per_gpu=cpus_per_gpu_from_pyslurm(job, gpus),
         account=_str(getattr(job, "account", "")),
+        cpus=_int(getattr(job, "cpus", 0)),
         qos=_str(getattr(job, "qos", "")),
     )
 

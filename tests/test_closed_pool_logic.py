@@ -1,0 +1,204 @@
+"""The pool is the controller's alone (issue 23): the pure and loop-level rules, on the fake
+cluster of test_controller_logic. The same attacks run on the real pool in
+tests/integration/test_closed_pool.py."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+from dataclasses import replace
+from pathlib import Path
+
+from hpcorch.cluster import ForeignJob, Observation, PoolNode
+from hpcorch.controller.loop import Controller, disk_full
+from hpcorch.controller.store import Store
+from hpcorch.policy.share import SharePolicy
+from hpcorch.protocol import EXIT_UNPLANNED
+from tests.test_controller_logic import CFG, FakeCluster
+
+
+def make(tmp_path: Path, c: FakeCluster, **settings: float) -> tuple[Controller, list[str]]:
+    lines: list[str] = []
+    cfg = replace(CFG, settings=replace(CFG.settings, **settings))
+    ctl = Controller(c, Store(tmp_path / "state.db"), SharePolicy(), cfg, log=lines.append)
+    return ctl, lines
+
+
+def full_pool(c: FakeCluster) -> None:
+    """Job 1 runs on all 8 GPUs; job 2 (1-2 GPUs) is queued behind it, held by its owner."""
+    c.add(1, 8, 8)
+    c.add(2, 1, 2)
+
+
+def test_a_queued_jobs_user_hold_becomes_the_controllers_own(tmp_path: Path) -> None:
+    c = FakeCluster()
+    full_pool(c)
+    ctl, _ = make(tmp_path, c)
+    ctl.cycle()
+    assert ("hold", 2) in c.log and c.jobs[2].job.reason == "JobHeldAdmin"
+    n = len(c.log)
+    ctl.cycle()
+    ctl.cycle()
+    assert ("hold", 2) not in c.log[n:]  # once: Slurm shows the admin hold
+    assert ctl.admin_holds is True
+
+
+def test_a_controller_that_is_no_operator_says_so_once(tmp_path: Path) -> None:
+    c = FakeCluster(admin=False)
+    full_pool(c)
+    ctl, lines = make(tmp_path, c)
+    for _ in range(4):
+        ctl.cycle()
+    assert c.log.count(("hold", 2)) == 1 and ctl.admin_holds is False
+    assert sum("user holds" in ln for ln in lines) == 1
+
+
+def test_a_job_released_by_its_user_is_held_again(tmp_path: Path) -> None:
+    c = FakeCluster()
+    full_pool(c)
+    ctl, _ = make(tmp_path, c)
+    ctl.cycle()
+    c.set(2, held=False, reason="Priority")  # its owner's scontrol release
+    ctl.cycle()
+    rec = ctl.store.job(2)
+    assert c.log[-1] == ("hold", 2) and rec is not None and rec.phase == "queued"
+    assert "released outside the controller" in rec.reason and rec.launches == 0
+
+
+def test_a_job_slurm_starts_without_the_controller_is_put_back_uncounted(tmp_path: Path) -> None:
+    c = FakeCluster()
+    full_pool(c)
+    ctl, _ = make(tmp_path, c)
+    ctl.cycle()
+    c.set(2, state="RUNNING", held=False, node_names=("n1",), gpus_per_node=1)
+    ctl.cycle()
+    rec = ctl.store.job(2)
+    assert c.log[-1] == ("requeue_hold", 2) and rec is not None
+    assert rec.phase == "queued" and rec.launches == 0 and rec.failures == 0
+    # its wrapper found no plan and ran nothing (exit 77): held again, still not a try
+    c.set(2, state="FAILED", exit_code=EXIT_UNPLANNED, node_names=())
+    ctl.cycle()
+    rec = ctl.store.job(2)
+    assert rec is not None and rec.phase == "queued" and rec.failures == 0
+    assert rec.start_failures == 0 and c.log[-1] == ("requeue_hold", 2)
+
+
+def test_a_node_that_comes_back_costs_no_retry(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl, _ = make(tmp_path, c, max_retries=2)
+    ctl.cycle()
+    ctl.cycle()
+    for flap in range(1, 4):  # three node flaps
+        # Slurm requeues it after the node failure, restarts it on the returning node, and
+        # the node refuses the launch at once ("Job credential revoked")
+        c.set(1, state="PENDING", held=False, reason="BeginTime", node_names=(), restarts=flap)
+        ctl.cycle()
+        c.set(1, state="RUNNING", node_names=("n1",), gpus_per_node=4)
+        ctl.cycle()
+        c.set(1, state="FAILED", exit_code=1)
+        ctl.cycle()
+        rec = ctl.store.job(1)
+        assert rec is not None and rec.failures == 0, rec.reason
+        assert rec.phase in ("queued", "starting", "running"), rec.reason
+        c.t += 10
+        ctl.cycle()
+        ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.failures == 0 and rec.phase == "running"
+    # a launch that fails once it trained is the job's failure, as before
+    c.set(1, state="FAILED", exit_code=1)
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.failures == 1
+
+
+def test_a_launch_slurm_keeps_pending_is_planned_again_with_slurms_reason(
+    tmp_path: Path,
+) -> None:
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl, lines = make(tmp_path, c, launch_pending_s=90)
+    real_start = c.start
+
+    def stuck(slurm_id: int, shape: object) -> None:  # released, but Slurm never runs it
+        c.log.append(("start", slurm_id))
+        c.set(slurm_id, held=False, reason="Resources")
+
+    c.start = stuck  # type: ignore[method-assign]
+    ctl.cycle()
+    c.t += 30
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "starting"
+    assert "Slurm keeps it pending (Resources)" in rec.reason
+    c.t += 70
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "queued" and "(Resources)" in rec.reason
+    assert c.log[-1] == ("hold", 1) and any("replan" in ln for ln in lines)
+    c.start = real_start  # type: ignore[method-assign]
+    c.t += 10
+    ctl.cycle()
+    assert c.state(1) == "RUNNING"
+
+
+def test_gpus_of_jobs_the_controller_did_not_place_are_never_planned(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 1, 8)
+    stranger = ForeignJob(99, "mallory", "wrap", "RUNNING", ("n1",), (4,))
+    plain = c.observe
+
+    def observe() -> Observation:
+        obs = plain()
+        nodes = tuple(
+            replace(n, gpus_used=n.gpus_used + 4, gpus_foreign=4) if n.name == "n1" else n
+            for n in obs.nodes
+        )
+        return replace(obs, nodes=nodes, foreign=(stranger,))
+
+    c.observe = observe  # type: ignore[method-assign]
+    ctl, lines = make(tmp_path, c)
+    ctl.cycle()
+    shape = c.shapes[-1]
+    assert shape.gpus == 4 and "n1" not in shape.node_names, shape
+    assert sum("mallory" in ln for ln in lines) == 1
+    ctl.cycle()
+    assert sum("mallory" in ln for ln in lines) == 1  # said once
+    assert '"user": "mallory"' in (ctl.store.get_meta("foreign") or "")
+
+
+def test_a_full_disk_is_told_apart() -> None:
+    assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert disk_full(sqlite3.OperationalError("database or disk is full"))
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as exc:
+            raise RuntimeError("cannot save") from exc
+    except RuntimeError as wrapped:
+        assert disk_full(wrapped)
+    assert not disk_full(OSError(errno.EACCES, "Permission denied"))
+    assert not disk_full(ValueError("full of beans"))
+
+
+def test_a_full_state_directory_is_said_once_and_nothing_is_done(tmp_path: Path) -> None:
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl, lines = make(tmp_path, c)
+    ctl.cycle()
+    n = len(c.log)
+    cycles = iter(range(6))
+
+    def full_cycle(full: bool = True) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    ctl.cycle = full_cycle  # type: ignore[assignment,method-assign]
+    ctl.run(lambda: next(cycles, None) is None, lambda s: None)
+    assert sum("cannot be written" in ln for ln in lines) == 1
+    assert c.log[n:] == [] and c.state(1) == "RUNNING"
+
+
+def test_pool_nodes_default_to_no_foreign_gpus() -> None:
+    n = PoolNode("n1", 4, 0, True)
+    assert n.gpus_foreign == 0 and n.cpus_foreign == 0
