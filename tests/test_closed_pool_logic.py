@@ -10,7 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcorch.cluster import ForeignJob, Observation, PoolNode
-from hpcorch.controller.loop import Controller, disk_full
+from hpcorch.controller.logs import disk_full
+from hpcorch.controller.loop import Controller
 from hpcorch.controller.store import Store
 from hpcorch.policy.share import SharePolicy
 from hpcorch.protocol import EXIT_UNPLANNED

@@ -3,8 +3,10 @@ is about, and one line about an exception."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+import sqlite3
 from typing import Any
 
 from hpcorch.controller.validate import printable
@@ -43,3 +45,18 @@ def describe(exc: BaseException) -> str:
         code = tb.tb_frame.f_code
         where = f" (at {code.co_filename.rsplit('/', 1)[-1]}:{tb.tb_lineno})"
     return printable(f"{type(exc).__name__}: {exc}", 300) + where
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the state's file system is full (or over
+    quota)."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(seen, sqlite3.OperationalError) and "full" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

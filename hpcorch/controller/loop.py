@@ -16,23 +16,22 @@ free for others, and is retried after an exponential back-off, a bounded number 
 
 from __future__ import annotations
 
-import errno
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from hpcorch.cluster import Cluster, Observation, ObservedJob, Shape
+from hpcorch.cluster import Cluster, Observation
 from hpcorch.controller import adopt, reconcile
 from hpcorch.controller.config import LoopConfig
-from hpcorch.controller.logs import describe, log_info, log_warning
+from hpcorch.controller.execute import Executor
+from hpcorch.controller.guard import PoolGuard
+from hpcorch.controller.logs import describe, disk_full, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
-from hpcorch.planner import LaunchPlan
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
@@ -73,15 +72,11 @@ class Controller:
         self._profiles = Profiles()
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
-        self._plan_batch: dict[int, int] = {}
-        """The global batch of the plan each running launch has (this controller's writes)."""
-        self._foreign_seen: set[int] = set()
-        """Jobs not placed by the controller already warned about."""
-        self._holds_sent: set[int] = set()
-        """Jobs whose user hold the last cycle turned into the controller's own hold."""
-        self.admin_holds: bool | None = None
-        """Whether the controller's holds are admin holds a user cannot release (None: not
-        seen yet; False: Slurm records them as user holds, the controller is no operator)."""
+        self.guard = PoolGuard(self.warn)
+        """The controller's own holds, and the jobs it did not place (guard.py)."""
+        self.executor = Executor(cluster, self.config, self.warn)
+        """Carries out actions (execute.py)."""
+        self._plan_batch = self.executor.plan_batch
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
@@ -137,7 +132,8 @@ class Controller:
         acting = {r.slurm_id for r, a in pending if a.kind in ("start", "hold", "requeue_hold")}
         for rec in records:
             if rec.slurm_id not in acting:
-                pending += self._own_hold(rec, observed.get(rec.slurm_id))
+                own = self.guard.own_hold(rec, observed.get(rec.slurm_id))
+                pending += [(rec, a) for a in own]
 
         def unstorable(rec: JobRecord, exc: BaseException) -> JobRecord:
             return self._unstorable(rec, exc, now)
@@ -157,7 +153,7 @@ class Controller:
                 if starts > self.config.max_starts_per_cycle:
                     done.append((decision_id, "deferred"))
                     continue
-            done.append((decision_id, self._execute(rec, action)))
+            done.append((decision_id, self.executor.execute(rec, action)))
         stats = CycleStats(
             time=now,
             seconds=time.perf_counter() - t0,
@@ -179,7 +175,7 @@ class Controller:
             ]
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
-        ends += "\n" + self._foreign(obs)
+        ends += "\n" + self.guard.foreign(obs)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
@@ -222,56 +218,6 @@ class Controller:
             else:
                 self.log(f"{who} {what} {rec.phase}")
         return bool(seen)
-
-    def _own_hold(self, rec: JobRecord, job: ObservedJob | None) -> list[tuple[JobRecord, Action]]:
-        """A queued job under its owner's hold (``sbatch --hold``, ``requeuehold``), which
-        its owner could release, is held by the controller instead: an admin hold, which
-        only an operator releases. Learned once: if Slurm still shows the user hold after
-        the controller's, the controller is no operator (one warning; the wrapper still runs
-        nothing without a plan, and the controller holds again what its owner releases)."""
-        user_hold = (
-            job is not None
-            and job.held
-            and job.reason == "JobHeldUser"
-            and rec.phase in ("queued", "starting")
-        )
-        sent = rec.slurm_id in self._holds_sent
-        self._holds_sent.discard(rec.slurm_id)
-        if not user_hold:
-            if sent and job is not None and job.reason == "JobHeldAdmin":
-                self.admin_holds = True
-            return []
-        if sent and self.admin_holds is None:
-            self.admin_holds = False
-            self.warn(
-                "Slurm keeps the controller's holds as user holds (JobHeldUser): its users can "
-                "release their queued jobs. Run the controller as SlurmUser or a Slurm operator "
-                "(sacctmgr modify user NAME set AdminLevel=Operator), or close the pool "
-                "(slurm/job_submit.lua); meanwhile a job released by its user is held again and "
-                "runs nothing without the controller's plan"
-            )
-        if self.admin_holds is False:
-            return []
-        self._holds_sent.add(rec.slurm_id)
-        return [(rec, Action("hold", rec.slurm_id, reason="the controller's own hold"))]
-
-    def _foreign(self, obs: Observation) -> str:
-        """The jobs on the pool's nodes the controller did not place, as stored for
-        ``hpcorch status`` (JSON); one warning for each new one."""
-        rows = [f.to_json() for f in obs.foreign]
-        ids = {f.slurm_id for f in obs.foreign}
-        for f in obs.foreign:
-            if f.slurm_id in self._foreign_seen:
-                continue
-            where = " ".join(f"{n}:{g}" for n, g in zip(f.node_names, f.gpus, strict=False))
-            what = f"job {f.slurm_id} of {printable(f.user, 32)}" if f.slurm_id else "a job"
-            self.warn(
-                f"{what} ({printable(f.name)}, {f.state.lower()}) is in the pool without the "
-                f"controller: {'its GPUs ' + where + ' are' if where else 'it is'} counted as "
-                "taken, never planned"
-            )
-        self._foreign_seen = ids
-        return json.dumps(rows)
 
     # --- bookkeeping --------------------------------------------------------------------
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
@@ -467,72 +413,10 @@ class Controller:
             rec.slurm_id, a.kind, rec.gpus, to, rec.target_batch or rec.batch, a.reason
         )
 
-    def _launch_plan(
-        self, rec: JobRecord, gpus: int, launch: int, batch: int, shape: Shape | None = None
-    ) -> LaunchPlan:
-        return LaunchPlan(
-            global_batch=batch,
-            gpus=gpus,
-            max_micro_batch=max(1, rec.max_micro),
-            job=rec.job_key,
-            launch=launch,
-            placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
-        )
-
-    def _execute(self, rec: JobRecord, a: Action) -> str:
-        """Carry out ``a``; the decision's status ('done' or the error)."""
-        try:
-            if a.kind == "start":
-                assert a.shape is not None
-                batch = max(rec.target_batch or rec.batch, a.shape.gpus)
-                plan = self._launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape)
-                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
-                self.cluster.start(rec.slurm_id, a.shape)
-                self._plan_batch[rec.slurm_id] = batch
-            elif a.kind == "rebatch":
-                # the running launch's own plan, rewritten: the job takes the new batch at its
-                # next step, no restart, no Slurm call (only jobs that can take it get this)
-                plan = self._launch_plan(
-                    rec, rec.gpus, max(0, rec.launches - 1), max(rec.target_batch, 1)
-                )
-                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
-                self._plan_batch[rec.slurm_id] = plan.global_batch
-            elif a.kind == "signal":
-                self.cluster.signal_checkpoint(rec.slurm_id)
-            elif a.kind == "hold":
-                self.cluster.hold(rec.slurm_id)
-            elif a.kind == "requeue_hold":
-                self.cluster.requeue_hold(rec.slurm_id)
-            return "done"
-        except Exception as exc:
-            msg = describe(exc)
-            if a.kind == "start":
-                self._start_failed(rec, msg)
-            else:
-                self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
-            return f"error: {msg}"
-
-    def _start_failed(self, rec: JobRecord, why: str) -> None:
-        """Back to the queue with its GPUs released, retried after an exponential back-off;
-        failed after ``max_start_failures`` starts in a row."""
-        s = self.config.settings
-        now = self.cluster.now()
-        rec.start_failures += 1
-        n = rec.start_failures
-        rec.phase_since = now
-        if n >= s.max_start_failures:
-            rec.phase, rec.finished_at, rec.retry_at = "failed", now, 0.0
-            rec.reason = printable(f"start failed {n} times, gave up: {why}", 400)
-        else:
-            delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
-            rec.phase, rec.retry_at = "queued", now + delay
-            rec.reason = printable(
-                f"start failed ({why}): GPUs released, retry {n}/{s.max_start_failures - 1} "
-                f"in {delay:.0f} s",
-                400,
-            )
-        self.warn(f"job {rec.slurm_id}: {rec.reason}")
-        # stored at the end of this cycle, with the decision's status
+    @property
+    def admin_holds(self) -> bool | None:
+        """Whether the controller's holds are admin holds (None: not known yet)."""
+        return self.guard.admin_holds
 
     # --- running ------------------------------------------------------------------------
     def in_flight(self) -> bool:
@@ -595,21 +479,6 @@ class Controller:
             if not self.in_flight():  # the next full cycle is due interval_s after this one
                 wait = max(0.0, last_full + self.config.interval_s - t0)
             sleep(max(0.0, wait - (clock() - t0)))
-
-
-def disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) says the state's file system is full (or over
-    quota)."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if isinstance(seen, sqlite3.OperationalError) and "full" in str(seen).lower():
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def _in_transition(rec: JobRecord) -> bool:

@@ -1,5 +1,6 @@
-"""The job state machine. Pure: a job's record and what the cluster reports in, the
-record's next state and the actions to take out. No IO, so every transition is testable.
+"""The job state machine, moved along by what Slurm reports. Pure: a job's record and
+what the cluster reports in, the record's next state and the actions to take out. No IO,
+so every transition is testable.
 
 Phases (the diagram is in docs/controller.md):
 
@@ -14,184 +15,42 @@ Phases (the diagram is in docs/controller.md):
 
 Every action is safe to repeat, and every phase can be re-entered from what Slurm
 reports, so a controller killed between two actions continues where it stopped.
+
+Alongside: hpcorch/controller/actions.py (settings, actions), shapes.py (where and when a
+start goes) and decide.py (a policy's target to actions); their names are re-exported here.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-
-from hpcorch.cluster import ObservedJob, PoolNode, Shape, fill_gpus
+from hpcorch.cluster import ObservedJob, Shape
+from hpcorch.controller.actions import Action, Outcome, Settings
+from hpcorch.controller.actions import set_phase as _set_phase
+from hpcorch.controller.decide import can_stop, decide, trained_since
+from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
 from hpcorch.controller.store import JobRecord
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
 from hpcorch.timefmt import fmt_duration
 
-
-@dataclass(frozen=True)
-class Settings:
-    grace_s: float = 120.0
-    """How long a signalled job may take to checkpoint before it is requeued by force."""
-    force_retry_s: float = 60.0
-    """A forced requeue that Slurm does not show yet (the job still runs) is asked again
-    only after this long: the requeue is forced once, not at every cycle."""
-    resignal_s: float = 15.0
-    """A signalled job still running after this long is signalled again."""
-    max_retries: int = 2
-    """Relaunches after a failure before the job is left failed."""
-    min_run_s: float = 60.0
-    """A launch trains at least this long (and at least the restart cost the policy is
-    told) after it reported its start before the controller resizes or preempts it."""
-    startup_s: float = 600.0
-    """A launch that has not reported its start is left alone this long (it could not
-    checkpoint yet: a signal would kill it); after that it is treated as started."""
-    relaunch_delay_s: float = 1.0
-    """A relaunch (after a run ended) is released this many seconds after the start of
-    the whole second in which the controller saw the run end; the requeue happens at
-    once. slurmd refuses a job id's new launch whose credential was made in the second
-    it revoked the last run's credential, or earlier ("Job credential revoked"); it
-    revokes it before Slurm shows the run as ended, so the next whole second is safe
-    (local pool: a release 0.55 s after the end's second was refused, 1.03 s after ran)."""
-    exact_wait_s: float = 10.0
-    """How long an uneven launch whose planned GPUs are free waits for its nodes' other
-    free GPUs to be taken before it goes with the split Slurm picks (:func:`launch_wait`)."""
-    start_backoff_s: float = 2.0
-    """After a failed start (or a failed launch), the job waits this long before it is
-    started again, doubled at every failure in a row."""
-    start_backoff_max_s: float = 300.0
-    max_start_failures: int = 5
-    """Starts in a row that may fail (the plan cannot be written, Slurm refuses) before the
-    job is left failed."""
-    launch_pending_s: float = 90.0
-    """A launch the controller released that Slurm still keeps pending after this long is
-    held again and planned afresh (Slurm's reason in the job's reason and the log)."""
-
+__all__ = [
+    "REQUEUED",
+    "Action",
+    "Outcome",
+    "Settings",
+    "can_stop",
+    "decide",
+    "launch_wait",
+    "observe",
+    "start_claims",
+    "start_wait",
+    "target_shape",
+    "trained_since",
+]
 
 REQUEUED = "requeued by Slurm"
 REQUEUE_WAIT_S = 30.0
 """A job Slurm requeued after a node failure is left this long for Slurm to start on its
 old nodes (a node whose slurmd restarts is back within seconds); then it is restarted
 anywhere in the pool, without the node list that names the failed node."""
-
-
-@dataclass(frozen=True)
-class Action:
-    """One thing to ask of the cluster."""
-
-    kind: str
-    """start, hold, signal, requeue_hold, or rebatch (a running job's plan rewritten with
-    its own launch number: a new global batch at its next step, no restart)."""
-    slurm_id: int
-    shape: Shape | None = None
-    reason: str = ""
-
-
-@dataclass
-class Outcome:
-    actions: list[Action] = field(default_factory=list)
-    events: list[str] = field(default_factory=list)
-    """Decisions worth recording (resize, preempt, retry, ...), as 'kind: detail'."""
-
-
-def _set_phase(rec: JobRecord, phase: str, now: float, reason: str | None = None) -> None:
-    if rec.phase != phase:
-        rec.phase = phase
-        rec.phase_since = now
-    if reason is not None:
-        rec.reason = reason
-
-
-def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
-    """The launch shape for the record's target: exactly the planned placement (its GPUs on
-    each planned node, the nodes in rank order) when it is known and every planned node
-    exists; else the fewest even nodes for Slurm to choose."""
-    placement = rec.placement()
-    if placement and all(0 <= i < len(pool_nodes) for i in placement):
-        names = tuple(pool_nodes[i] for i in placement)
-        counts = tuple(placement.values())
-        return Shape(len(names), max(counts), names, rec.target_cpus, counts)
-    per_node = max(placement.values()) if placement else rec.target_gpus
-    for nodes in range(1, rec.target_gpus + 1):
-        if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
-            return Shape(nodes, rec.target_gpus // nodes, (), rec.target_cpus)
-    return Shape(rec.target_gpus, 1, (), rec.target_cpus)
-
-
-def start_claims(
-    records: Sequence[JobRecord], pool_nodes: tuple[str, ...]
-) -> dict[int, dict[str, int]]:
-    """The GPUs each starting job is to take on each node, where its plan names them."""
-    out: dict[int, dict[str, int]] = {}
-    for r in records:
-        if r.phase == "starting" and r.target_gpus > 0:
-            shape = target_shape(r, pool_nodes)
-            if shape.per_node:
-                out[r.slurm_id] = dict(zip(shape.node_names, shape.per_node, strict=True))
-    return out
-
-
-def start_wait(
-    rec: JobRecord,
-    shape: Shape,
-    nodes: Sequence[PoolNode],
-    now: float,
-    s: Settings,
-    claims: Mapping[int, Mapping[str, int]] | None = None,
-) -> str:
-    """Why a start must wait ('' = go now): a relaunch until the second after its last
-    run was seen ending (``Settings.relaunch_delay_s``), an uneven shape until the free
-    GPUs leave its split (:func:`launch_wait`; ``claims``: :func:`start_claims`)."""
-    ran = rec.launches or rec.failures or rec.slurm_restarts  # a run ended before this start
-    if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
-        return "relaunching once slurmd has let go of the last run"
-    others: dict[str, int] = {}
-    for sid, claim in (claims or {}).items():
-        for node, n in claim.items():
-            if sid != rec.slurm_id:
-                others[node] = others.get(node, 0) + n
-    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others)
-
-
-def launch_wait(
-    shape: Shape,
-    nodes: Sequence[PoolNode],
-    waited_s: float = 0.0,
-    limit_s: float = 0.0,
-    claimed: Mapping[str, int] | None = None,
-) -> str:
-    """Why an uneven launch must wait before it is handed to the cluster ('' = go now).
-
-    An even shape is held to its count on every node by Slurm itself. An uneven one is
-    one GPU count on its nodes, which the cluster spreads by :func:`fill_gpus`; released
-    while its nodes' free GPUs allow another split, it would start at once with that
-    split (or before a stopping job has freed the planned GPUs). So it waits until the
-    free GPUs leave exactly the planned split. When the planned GPUs are free and the
-    nodes' other free GPUs are ones no other starting job is to take (``claimed``: GPUs
-    per node name; the plan leaves them idle), waiting cannot help: it goes with the split
-    the cluster chooses on the same nodes, as it does after ``limit_s`` (``waited_s`` so
-    far) in any case."""
-    if shape.even or len(shape.per_node) != len(shape.node_names):
-        return ""
-    order = {n.name: i for i, n in enumerate(nodes)}
-    free = {n.name: max(0, n.gpus - n.gpus_used) if n.usable else 0 for n in nodes}
-    mine = sorted(
-        zip(shape.node_names, shape.per_node, strict=True),
-        key=lambda p: order.get(p[0], len(order)),
-    )
-    have_free = [free.get(name, 0) for name, _ in mine]
-    planned = tuple(c for _, c in mine)
-    if fill_gpus(shape.gpus, have_free) == planned:
-        return ""
-    if all(f >= c for f, c in zip(have_free, planned, strict=True)):  # the planned GPUs are free
-        others = claimed or {}
-        if waited_s >= limit_s > 0 or not any(
-            f > c and others.get(name, 0) > 0 for (name, c), f in zip(mine, have_free, strict=True)
-        ):
-            return ""
-    have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
-    want = " ".join(f"{name}:{c}" for name, c in mine)
-    return f"waiting until the free GPUs ({have}) leave one split: {want}"
 
 
 def observe(
@@ -547,93 +406,3 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         elif now - rec.signalled_at > s.resignal_s:
             out.actions.append(Action("signal", rec.slurm_id, reason="signal again"))
             rec.signalled_at = now
-
-
-def trained_since(rec: JobRecord, now: float, s: Settings) -> float | None:
-    """When the running launch started training: its start report, or the end of
-    ``startup_s`` for one that never reports; None while it is still starting up. The
-    report's time is the job's to write: one later than ``startup_s`` after the launch
-    counts as that (a job cannot make itself unstoppable with a time in the future)."""
-    if rec.ready:
-        if rec.ready_at <= 0:
-            return rec.phase_since
-        return min(rec.ready_at, rec.phase_since + s.startup_s)
-    if now - rec.phase_since >= s.startup_s:
-        return rec.phase_since + s.startup_s
-    return None
-
-
-def can_stop(rec: JobRecord, now: float, s: Settings, restart_cost_s: float = 0.0) -> bool:
-    """Whether a running launch may be stopped (resized, preempted) now: once it trained at
-    least ``max(min_run_s, restart_cost_s)``. Every launch gains more than its restart cost
-    before the next, so no policy can keep a job restarting without progress."""
-    if rec.phase != "running":
-        return False
-    since = trained_since(rec, now, s)
-    return since is not None and now - since >= max(s.min_run_s, restart_cost_s)
-
-
-def decide(
-    rec: JobRecord,
-    target_gpus: int,
-    placement: dict[int, int],
-    now: float,
-    pool_nodes: tuple[str, ...],
-    s: Settings,
-    cpus: int = 0,
-    plan_batch: int = 0,
-    live_batch: bool = False,
-    *,
-    restart_cost_s: float = 0.0,
-) -> Outcome:
-    """Turn a policy target into actions for a job in a stable phase (queued or running).
-    ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
-    the plan the running launch has (0: unknown: the batch it reports). A running job that
-    can take a new batch while it runs (``live_batch``) and is planned at its GPUs with
-    another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten.
-    A running job is stopped only once it trained ``max(min_run_s, restart_cost_s)`` since
-    its launch started training (``can_stop``)."""
-    out = Outcome()
-    if rec.budget_spent():
-        return out  # it ends at its next checkpoint (observe), never starts again
-    cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
-    if rec.phase == "queued" and target_gpus > 0:
-        rec.slurm_launch = 0
-        rec.target_gpus = target_gpus
-        rec.target_cpus = cpus
-        rec.target_placement = json.dumps(placement)
-        shape = target_shape(rec, pool_nodes)
-        out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
-        out.events.append(f"start: {target_gpus} GPUs")
-        _set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
-    elif (
-        rec.phase == "running"
-        and live_batch
-        and rec.ready
-        and target_gpus == rec.gpus > 0
-        and not cpus_change
-        and rec.target_batch > 0
-        and rec.target_batch != (plan_batch or rec.global_batch or rec.batch)
-    ):
-        was = plan_batch or rec.global_batch or rec.batch
-        out.actions.append(
-            Action("rebatch", rec.slurm_id, reason=f"batch {was} -> {rec.target_batch}")
-        )
-        out.events.append(f"rebatch: global batch {was} -> {rec.target_batch}")
-    elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
-        if not can_stop(rec, now, s, restart_cost_s):
-            return out  # still starting up, or not yet trained for a restart's worth
-        rec.target_gpus = target_gpus
-        rec.target_cpus = cpus or rec.target_cpus
-        rec.target_placement = json.dumps(placement)
-        kind = "preempt" if target_gpus == 0 else "resize"
-        what = f"{rec.gpus} -> {target_gpus} GPUs"
-        reason = f"{kind} to {target_gpus} GPUs"
-        if target_gpus == rec.gpus:
-            what = f"{rec.cpus_per_gpu} -> {cpus} CPUs per GPU"
-            reason = f"resize to {cpus} CPUs per GPU"
-        out.actions.append(Action("signal", rec.slurm_id, reason=reason))
-        rec.signalled_at = now
-        out.events.append(f"{kind}: {what}")
-        _set_phase(rec, "stopping", now, f"{kind}: {what}")
-    return out

@@ -1,0 +1,90 @@
+"""Carrying out one action of the controller's through the cluster seam, and what a failed
+start does to the job (back to the queue, GPUs released, retried after a back-off)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hpcorch.cluster import Cluster, Shape
+from hpcorch.controller.actions import Action
+from hpcorch.controller.config import LoopConfig
+from hpcorch.controller.logs import describe
+from hpcorch.controller.store import JobRecord
+from hpcorch.controller.validate import printable
+from hpcorch.planner import LaunchPlan
+
+
+class Executor:
+    def __init__(self, cluster: Cluster, config: LoopConfig, warn: Callable[[str], None]) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.warn = warn
+        self.plan_batch: dict[int, int] = {}
+        """The global batch of the plan each running launch has (this controller's writes)."""
+
+    def launch_plan(
+        self, rec: JobRecord, gpus: int, launch: int, batch: int, shape: Shape | None = None
+    ) -> LaunchPlan:
+        return LaunchPlan(
+            global_batch=batch,
+            gpus=gpus,
+            max_micro_batch=max(1, rec.max_micro),
+            job=rec.job_key,
+            launch=launch,
+            placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
+        )
+
+    def execute(self, rec: JobRecord, a: Action) -> str:
+        """Carry out ``a``; the decision's status ('done' or the error)."""
+        try:
+            if a.kind == "start":
+                assert a.shape is not None
+                batch = max(rec.target_batch or rec.batch, a.shape.gpus)
+                plan = self.launch_plan(rec, a.shape.gpus, rec.launches, batch, a.shape)
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
+                self.cluster.start(rec.slurm_id, a.shape)
+                self.plan_batch[rec.slurm_id] = batch
+            elif a.kind == "rebatch":
+                # the running launch's own plan, rewritten: the job takes the new batch at its
+                # next step, no restart, no Slurm call (only jobs that can take it get this)
+                plan = self.launch_plan(
+                    rec, rec.gpus, max(0, rec.launches - 1), max(rec.target_batch, 1)
+                )
+                self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
+                self.plan_batch[rec.slurm_id] = plan.global_batch
+            elif a.kind == "signal":
+                self.cluster.signal_checkpoint(rec.slurm_id)
+            elif a.kind == "hold":
+                self.cluster.hold(rec.slurm_id)
+            elif a.kind == "requeue_hold":
+                self.cluster.requeue_hold(rec.slurm_id)
+            return "done"
+        except Exception as exc:
+            msg = describe(exc)
+            if a.kind == "start":
+                self.start_failed(rec, msg)
+            else:
+                self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
+            return f"error: {msg}"
+
+    def start_failed(self, rec: JobRecord, why: str) -> None:
+        """Back to the queue with its GPUs released, retried after an exponential back-off;
+        failed after ``max_start_failures`` starts in a row."""
+        s = self.config.settings
+        now = self.cluster.now()
+        rec.start_failures += 1
+        n = rec.start_failures
+        rec.phase_since = now
+        if n >= s.max_start_failures:
+            rec.phase, rec.finished_at, rec.retry_at = "failed", now, 0.0
+            rec.reason = printable(f"start failed {n} times, gave up: {why}", 400)
+        else:
+            delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
+            rec.phase, rec.retry_at = "queued", now + delay
+            rec.reason = printable(
+                f"start failed ({why}): GPUs released, retry {n}/{s.max_start_failures - 1} "
+                f"in {delay:.0f} s",
+                400,
+            )
+        self.warn(f"job {rec.slurm_id}: {rec.reason}")
+        # stored at the end of this cycle, with the decision's status

@@ -1,0 +1,76 @@
+"""What keeps the pool the controller's, as the loop sees it each cycle: its holds made
+admin holds (a job's owner cannot release them), and the jobs it did not place, named once
+in the log and kept for ``hpcorch status``. The cluster side that counts their GPUs as
+taken is hpcorch/slurm/cluster.py; docs/admin-guide.md has the whole design."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from hpcorch.cluster import Observation, ObservedJob
+from hpcorch.controller.actions import Action
+from hpcorch.controller.store import JobRecord
+from hpcorch.controller.validate import printable
+
+
+class PoolGuard:
+    def __init__(self, warn: Callable[[str], None]) -> None:
+        self.warn = warn
+        self._foreign_seen: set[int] = set()
+        """Jobs not placed by the controller already warned about."""
+        self._holds_sent: set[int] = set()
+        """Jobs whose user hold the last cycle turned into the controller's own hold."""
+        self.admin_holds: bool | None = None
+        """Whether the controller's holds are admin holds a user cannot release (None: not
+        seen yet; False: Slurm records them as user holds, the controller is no operator)."""
+
+    def own_hold(self, rec: JobRecord, job: ObservedJob | None) -> list[Action]:
+        """A queued job under its owner's hold (``sbatch --hold``, ``requeuehold``), which
+        its owner could release, is held by the controller instead: an admin hold, which
+        only an operator releases. Learned once: if Slurm still shows the user hold after
+        the controller's, the controller is no operator (one warning; the wrapper still runs
+        nothing without a plan, and the controller holds again what its owner releases)."""
+        user_hold = (
+            job is not None
+            and job.held
+            and job.reason == "JobHeldUser"
+            and rec.phase in ("queued", "starting")
+        )
+        sent = rec.slurm_id in self._holds_sent
+        self._holds_sent.discard(rec.slurm_id)
+        if not user_hold:
+            if sent and job is not None and job.reason == "JobHeldAdmin":
+                self.admin_holds = True
+            return []
+        if sent and self.admin_holds is None:
+            self.admin_holds = False
+            self.warn(
+                "Slurm keeps the controller's holds as user holds (JobHeldUser): its users can "
+                "release their queued jobs. Run the controller as SlurmUser or a Slurm operator "
+                "(sacctmgr modify user NAME set AdminLevel=Operator), or close the pool "
+                "(slurm/job_submit.lua); meanwhile a job released by its user is held again and "
+                "runs nothing without the controller's plan"
+            )
+        if self.admin_holds is False:
+            return []
+        self._holds_sent.add(rec.slurm_id)
+        return [Action("hold", rec.slurm_id, reason="the controller's own hold")]
+
+    def foreign(self, obs: Observation) -> str:
+        """The jobs on the pool's nodes the controller did not place, as stored for
+        ``hpcorch status`` (JSON); one warning for each new one."""
+        rows = [f.to_json() for f in obs.foreign]
+        ids = {f.slurm_id for f in obs.foreign}
+        for f in obs.foreign:
+            if f.slurm_id in self._foreign_seen:
+                continue
+            where = " ".join(f"{n}:{g}" for n, g in zip(f.node_names, f.gpus, strict=False))
+            what = f"job {f.slurm_id} of {printable(f.user, 32)}" if f.slurm_id else "a job"
+            self.warn(
+                f"{what} ({printable(f.name)}, {f.state.lower()}) is in the pool without the "
+                f"controller: {'its GPUs ' + where + ' are' if where else 'it is'} counted as "
+                "taken, never planned"
+            )
+        self._foreign_seen = ids
+        return json.dumps(rows)

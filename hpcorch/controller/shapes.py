@@ -1,0 +1,104 @@
+"""Where a start goes, and when: the launch shape of a job's target and the waits before a
+start is handed to the cluster (a relaunch until slurmd let go of the last run; an uneven
+placement until the free GPUs leave its split). Pure."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from hpcorch.cluster import PoolNode, Shape, fill_gpus
+from hpcorch.controller.actions import Settings
+from hpcorch.controller.store import JobRecord
+
+
+def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
+    """The launch shape for the record's target: exactly the planned placement (its GPUs on
+    each planned node, the nodes in rank order) when it is known and every planned node
+    exists; else the fewest even nodes for Slurm to choose."""
+    placement = rec.placement()
+    if placement and all(0 <= i < len(pool_nodes) for i in placement):
+        names = tuple(pool_nodes[i] for i in placement)
+        counts = tuple(placement.values())
+        return Shape(len(names), max(counts), names, rec.target_cpus, counts)
+    per_node = max(placement.values()) if placement else rec.target_gpus
+    for nodes in range(1, rec.target_gpus + 1):
+        if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
+            return Shape(nodes, rec.target_gpus // nodes, (), rec.target_cpus)
+    return Shape(rec.target_gpus, 1, (), rec.target_cpus)
+
+
+def start_claims(
+    records: Sequence[JobRecord], pool_nodes: tuple[str, ...]
+) -> dict[int, dict[str, int]]:
+    """The GPUs each starting job is to take on each node, where its plan names them."""
+    out: dict[int, dict[str, int]] = {}
+    for r in records:
+        if r.phase == "starting" and r.target_gpus > 0:
+            shape = target_shape(r, pool_nodes)
+            if shape.per_node:
+                out[r.slurm_id] = dict(zip(shape.node_names, shape.per_node, strict=True))
+    return out
+
+
+def start_wait(
+    rec: JobRecord,
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    now: float,
+    s: Settings,
+    claims: Mapping[int, Mapping[str, int]] | None = None,
+) -> str:
+    """Why a start must wait ('' = go now): a relaunch until the second after its last
+    run was seen ending (``Settings.relaunch_delay_s``), an uneven shape until the free
+    GPUs leave its split (:func:`launch_wait`; ``claims``: :func:`start_claims`)."""
+    ran = rec.launches or rec.failures or rec.slurm_restarts  # a run ended before this start
+    if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
+        return "relaunching once slurmd has let go of the last run"
+    others: dict[str, int] = {}
+    for sid, claim in (claims or {}).items():
+        for node, n in claim.items():
+            if sid != rec.slurm_id:
+                others[node] = others.get(node, 0) + n
+    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others)
+
+
+def launch_wait(
+    shape: Shape,
+    nodes: Sequence[PoolNode],
+    waited_s: float = 0.0,
+    limit_s: float = 0.0,
+    claimed: Mapping[str, int] | None = None,
+) -> str:
+    """Why an uneven launch must wait before it is handed to the cluster ('' = go now).
+
+    An even shape is held to its count on every node by Slurm itself. An uneven one is
+    one GPU count on its nodes, which the cluster spreads by :func:`fill_gpus`; released
+    while its nodes' free GPUs allow another split, it would start at once with that
+    split (or before a stopping job has freed the planned GPUs). So it waits until the
+    free GPUs leave exactly the planned split. When the planned GPUs are free and the
+    nodes' other free GPUs are ones no other starting job is to take (``claimed``: GPUs
+    per node name; the plan leaves them idle), waiting cannot help: it goes with the split
+    the cluster chooses on the same nodes, as it does after ``limit_s`` (``waited_s`` so
+    far) in any case."""
+    if shape.even or len(shape.per_node) != len(shape.node_names):
+        return ""
+    order = {n.name: i for i, n in enumerate(nodes)}
+    free = {n.name: max(0, n.gpus - n.gpus_used) if n.usable else 0 for n in nodes}
+    mine = sorted(
+        zip(shape.node_names, shape.per_node, strict=True),
+        key=lambda p: order.get(p[0], len(order)),
+    )
+    have_free = [free.get(name, 0) for name, _ in mine]
+    planned = tuple(c for _, c in mine)
+    if fill_gpus(shape.gpus, have_free) == planned:
+        return ""
+    if all(f >= c for f, c in zip(have_free, planned, strict=True)):  # the planned GPUs are free
+        others = claimed or {}
+        if waited_s >= limit_s > 0 or not any(
+            f > c and others.get(name, 0) > 0 for (name, c), f in zip(mine, have_free, strict=True)
+        ):
+            return ""
+    have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
+    want = " ".join(f"{name}:{c}" for name, c in mine)
+    return f"waiting until the free GPUs ({have}) leave one split: {want}"
