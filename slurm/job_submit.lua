@@ -97,7 +97,7 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local pool = closed(job_rec.resv_name)
   local prio = job_desc.priority
   if pool ~= nil and prio ~= nil and prio ~= 0 and prio ~= NO_VAL then
-    slurm.log_user("job %s is in the hpcorch pool %s: its controller starts it, not scontrol release", tostring(job_rec.job_id), pool)
+    slurm.log_user("job %d is in the hpcorch pool %s: its controller starts it, not scontrol release", job_rec.job_id, pool)
     return slurm.ERROR
   end
   return slurm.SUCCESS
