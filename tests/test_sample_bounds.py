@@ -4,6 +4,7 @@ profiles, the history and the report read; the controller's memory and store hol
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +13,12 @@ from hpcorch.controller.memory import Records
 from hpcorch.controller.snapshot import (
     PROFILE_WINDOW,
     Profiles,
+    build_snapshot,
     cpu_profile_of,
     noise_history,
     profile_of,
 )
-from hpcorch.controller.store import Sample, Store
+from hpcorch.controller.store import JobRecord, Sample, Store
 from hpcorch.controller.thinning import (
     KEEP_FINISHED,
     KEEP_RUNNING,
@@ -25,7 +27,10 @@ from hpcorch.controller.thinning import (
     SAMPLES_PER_CYCLE,
     keep,
 )
+from hpcorch.policy import POLICIES, make_policy
+from hpcorch.policy.types import validate_plan
 from hpcorch.report import build
+from tests.test_controller_logic import FakeCluster
 from tests.test_controller_loop import Reporting, Scripted, _ctl
 
 
@@ -183,3 +188,23 @@ def test_a_flood_through_the_controller(tmp_path: Path) -> None:
     again.cycle()
     assert again.history == ctl.history
     assert len(again.history[0].grad_history) == 11 and PROFILE_WINDOW > 0
+
+
+def test_a_report_outside_the_jobs_bounds_does_not_void_the_round() -> None:
+    """A running job that reports a micro-batch above its own maximum (its script writes
+    its lines) is shown at the split its plan gives it: the plan every policy keeps for it
+    stays valid, and the other jobs are scheduled (before: the whole plan was ignored)."""
+    nodes = FakeCluster().observe().nodes
+    base = JobRecord(1, "j1", "j", "u", "/j", "app", 1, 1, 32, 32, 32, 0.0, "running", 0.0)
+    flood = replace(
+        base, gpus=1, node_list="n1", ready=1, micro_batch=300, accum_steps=2,
+        global_batch=600, target_batch=32,
+    )  # fmt: skip
+    queued = replace(base, slurm_id=2, job_key="j2", phase="queued")
+    snap = build_snapshot(100.0, nodes, [flood, queued], {}, (), {}, 60.0, 30.0)
+    view = next(v for v in snap.jobs if v.job_id == "1")
+    assert 1 <= view.micro_batch <= view.max_micro_batch
+    for name in POLICIES:
+        plan = make_policy(name).schedule(snap)
+        validate_plan(snap, plan)
+        assert "2" in plan.by_id(), name

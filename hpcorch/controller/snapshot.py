@@ -201,7 +201,9 @@ def job_view(
         lo, hi = min(lo, gpus), max(hi, gpus)
     micro, accum = rec.micro_batch, max(1, rec.accum_steps)
     batch = rec.global_batch or rec.batch
-    if gpus and (not micro or rec.phase != "running"):  # the split its launch will use
+    # the split its launch will use; also for a job that reports a split outside its
+    # bounds (its script writes its lines), which a plan that keeps it could not honour
+    if gpus and (not micro or rec.phase != "running" or micro > max(1, rec.max_micro)):
         try:
             split = plan_batch(max(rec.target_batch or rec.batch, gpus), gpus, rec.max_micro)
             micro, accum, batch = split.micro_batch, split.accum_steps, split.global_batch
