@@ -197,7 +197,10 @@ def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
         return
     rec.start_failures += 1
     n = rec.start_failures
-    what = "its launch found no plan from the controller (exit 77)"
+    what = (
+        "its launch found no plan from the controller (exit 77: is the job's HPCORCH_SPOOL the "
+        "controller's --spool, readable on the nodes?)"
+    )
     if n >= s.max_start_failures:
         _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
         rec.finished_at = now
