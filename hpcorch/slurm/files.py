@@ -49,6 +49,10 @@ class UnsafeFile(HpcorchError):
     job owner's, unreadable)."""
 
 
+class Replaced(UnsafeFile):
+    """The file was replaced between its check and its opening (a rotation, or a swap)."""
+
+
 def posix_acl(owner: int, user: int, uid: int, group: int, other: int) -> bytes:
     """The binary form (``system.posix_acl_access``) of an ACL granting ``uid`` the
     permission bits ``user`` besides the usual owner, group and other bits."""
@@ -200,7 +204,7 @@ def _open_plain(path: str) -> int:
     again = os.fstat(fd)
     if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino):
         os.close(fd)
-        raise UnsafeFile(f"{path} was replaced while being opened")
+        raise Replaced(f"{path} was replaced while being opened")
     return fd
 
 
@@ -211,46 +215,62 @@ def read_lines(path: str, offset: int, uid: int) -> tuple[list[dict[str, Any]], 
     A file shorter than ``offset`` was rotated (hpcorch/metrics_file.py): the rest of the
     rotated file (``path`` + ``.1``, at most ``MAX_READ`` bytes of it) comes first, then the
     new file from its start; or truncated: it is read again from its start."""
-    rest, data, offset = _read_from(path, offset, uid, rotated_too=True)
+    fd = _open_owned(path, uid)
+    if fd is None:
+        return [], offset
+    try:
+        st = os.fstat(fd)
+        rest = b""
+        if st.st_size < offset:  # rotated or truncated: read it again from its start
+            rest = _rotated_rest(path + ROTATED_SUFFIX, offset, uid, st)
+            offset = 0
+        data = os.pread(fd, MAX_READ, offset)
+    finally:
+        os.close(fd)
     end = data.rfind(b"\n") + 1  # only whole lines; a partial last line waits
     if end == 0 and len(data) == MAX_READ:
         return _parse(rest), offset + len(data)  # one line longer than a whole read: skipped
     return _parse(rest + data[:end]), offset + end
 
 
-def _read_from(path: str, offset: int, uid: int, rotated_too: bool) -> tuple[bytes, bytes, int]:
-    """The whole lines left in the rotated file if ``path`` was rotated (b"" otherwise, or
-    unless ``rotated_too``), up to ``MAX_READ`` bytes of ``path`` (b"" for a missing file),
-    and the offset in ``path`` those start at (0 when it is shorter than ``offset``)."""
-    try:
-        fd = _open_plain(path)
-    except FileNotFoundError:
-        return b"", b"", offset
-    except PermissionError as exc:
-        raise UnsafeFile(f"{path}: {exc.strerror}") from exc
-    try:
-        st = os.fstat(fd)
-        if uid < 0 or st.st_uid != uid:
-            raise UnsafeFile(f"{path} belongs to uid {st.st_uid}, not to the job's owner")
-        rest = b""
-        if st.st_size < offset:  # rotated or truncated: read it again from its start
-            if rotated_too:
-                rest = _rotated_rest(path + ROTATED_SUFFIX, offset, uid)
-            offset = 0
-        return rest, os.pread(fd, MAX_READ, offset), offset
-    finally:
+def _open_owned(path: str, uid: int) -> int | None:
+    """``path`` opened as :func:`_open_plain` does (again if it was replaced meanwhile: a
+    rotation), if it belongs to ``uid``; None when it does not exist."""
+    for attempt in range(3):
+        try:
+            fd = _open_plain(path)
+            break
+        except FileNotFoundError:
+            return None
+        except PermissionError as exc:
+            raise UnsafeFile(f"{path}: {exc.strerror}") from exc
+        except Replaced:
+            if attempt == 2:
+                raise
+    st = os.fstat(fd)
+    if uid < 0 or st.st_uid != uid:
         os.close(fd)
+        raise UnsafeFile(f"{path} belongs to uid {st.st_uid}, not to the job's owner")
+    return fd
 
 
-def _rotated_rest(path: str, offset: int, uid: int) -> bytes:
-    """The whole lines of a rotated file after ``offset`` (b"" if it ends before it: not
-    the file read so far), at most ``MAX_READ`` bytes of them."""
+def _rotated_rest(path: str, offset: int, uid: int, current: os.stat_result) -> bytes:
+    """The whole lines of the rotated file after ``offset``, at most ``MAX_READ`` bytes of
+    them; b"" when it is not the file read so far (shorter than the offset, or the current
+    file itself, rotated since it was opened)."""
     try:
-        _, data, start = _read_from(path, offset, uid, rotated_too=False)
+        fd = _open_owned(path, uid)
     except (OSError, UnsafeFile):
         return b""
-    if start != offset:
+    if fd is None:
         return b""
+    try:
+        st = os.fstat(fd)
+        if st.st_size < offset or (st.st_dev, st.st_ino) == (current.st_dev, current.st_ino):
+            return b""
+        data = os.pread(fd, MAX_READ, offset)
+    finally:
+        os.close(fd)
     return data[: data.rfind(b"\n") + 1]
 
 
