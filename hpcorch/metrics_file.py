@@ -15,6 +15,7 @@ Light: imported by the sidecar and the runtime alike.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -37,7 +38,8 @@ def append_line(path: Path, data: bytes, max_bytes: int = MAX_BYTES) -> None:
     for _ in range(8):  # another writer rotating it each time: give up on rotation
         fd = os.open(path, _FLAGS, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            with contextlib.suppress(OSError):  # no locks there: appends, unguarded rotation
+                fcntl.flock(fd, fcntl.LOCK_EX)
             st = os.fstat(fd)
             try:
                 now = os.stat(path)
