@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Pool
 from tests.integration.controller_util import ELASTIC, FAST, ControllerProc, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 
 def _submit(

@@ -36,7 +36,7 @@ from tests.integration.users import (
     stop_site,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 
 def cleanup(pool: Pool, res: str) -> None:
@@ -246,8 +246,11 @@ def test_a_node_that_comes_back_costs_no_retry(env_pool: Pool, tmp_path: Path) -
         store = ctl.store()
         rec = store.job(job)
         store.close()
+        log = ctl.log.read_text()
+        refused = log.count("restart after a node failure ended at once")
+        print(f"3 node flaps: {refused} launch(es) refused by the returning node, not counted")
         assert rec is not None and rec.phase == "done" and rec.failures == 0, rec
-        assert "retry 1/2" not in ctl.log.read_text()
+        assert "retry 1/2" not in log
     finally:
         ctl.stop()
         subprocess.run(

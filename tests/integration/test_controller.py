@@ -20,7 +20,7 @@ from tests.integration.controller_util import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 
 def resizes(ctl: ControllerProc, job: int) -> list[tuple[int, int]]:

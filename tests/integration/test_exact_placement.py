@@ -21,7 +21,7 @@ from hpcorch.slurm.cluster import SlurmCluster
 from tests.conftest import Pool
 from tests.integration.controller_util import job_dir, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 PROBE = Path(__file__).parent / "rank_probe.py"
 

@@ -25,7 +25,7 @@ from tests.integration.controller_util import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.releases]
 
 
 def cleanup(pool: Pool, res: str) -> None:

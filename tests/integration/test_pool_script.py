@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import POOL_SCRIPT, Pool, _slurm_installed, pool_env, pool_port_base
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 
 def pool(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import Pool
 from tests.integration.controller_util import FAST, ControllerProc, submit, wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 
 def test_slurm_checks_accounts_and_qos(accounting_pool: Pool) -> None:

@@ -17,7 +17,7 @@ from hpcorch.slurm.version import behaviour, check_supported
 from tests.conftest import Pool, slurm_release
 from tests.integration.controller_util import wait_for
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 RES = "t-behaviour"
 

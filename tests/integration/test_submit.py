@@ -11,7 +11,7 @@ import pytest
 from hpcorch.slurm.parse import parse_squeue
 from tests.conftest import EXAMPLE, REPO, Pool
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
 NASTY_TAG = 'two words; it\'s "quoted" $HOME `date` & done'
 

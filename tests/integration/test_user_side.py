@@ -25,7 +25,7 @@ from tests.integration.controller_util import (
     wait_for,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 NO_ACCOUNTING = "(null)"
 """What scontrol shows for a job's QOS when Slurm runs without slurmdbd."""
 
