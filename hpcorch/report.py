@@ -55,6 +55,12 @@ class JobReport:
     marks: list[Mark] = field(default_factory=list)
 
 
+_JOB_KEYS = (
+    "job_id", "name", "mode", "phase", "submit", "finish", "jct_s", "gpu_hours", "resizes",
+    "batches", "final_loss",
+)  # fmt: skip
+
+
 @dataclass
 class Report:
     source: str
@@ -71,6 +77,32 @@ class Report:
         doc["utilisation"] = [list(p) for p in self.utilisation]
         doc["mean_utilisation"] = self.mean_utilisation()
         return doc
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Report:
+        """The report ``to_json`` wrote (KeyError, TypeError or ValueError if not one)."""
+
+        def segments(items: list[dict[str, Any]]) -> list[Segment]:
+            return [Segment(float(s["start"]), float(s["end"]), int(s["gpus"])) for s in items]
+
+        jobs = [
+            JobReport(
+                **{
+                    **{k: j[k] for k in _JOB_KEYS},
+                    "segments": segments(j["segments"]),
+                    "starting": segments(j["starting"]),
+                    "marks": [
+                        Mark(float(m["time"]), str(m["kind"]), str(m["label"])) for m in j["marks"]
+                    ],
+                }
+            )
+            for j in doc["jobs"]
+        ]
+        util = [(float(t), int(g)) for t, g in doc["utilisation"]]
+        return cls(
+            str(doc["source"]), int(doc["total_gpus"]), float(doc["origin"]),
+            float(doc["end"]), jobs, util,
+        )  # fmt: skip
 
     def mean_utilisation(self) -> float:
         if not self.utilisation or self.total_gpus <= 0 or self.end <= 0:
@@ -93,15 +125,22 @@ def from_store(path: Path, total_gpus: int | None = None) -> Report:
         raise ReportError(f"no controller state at {path} (give --state-dir or a state.db)")
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10)
-        db.row_factory = sqlite3.Row
-        jobs = [dict(r) for r in db.execute("SELECT * FROM jobs ORDER BY slurm_id")]
-        decisions = [dict(r) for r in db.execute("SELECT * FROM decisions ORDER BY time, id")]
-        samples = [dict(r) for r in db.execute("SELECT * FROM samples ORDER BY time")]
-        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-        db.close()
+        try:
+            return from_connection(db, str(path), total_gpus)
+        finally:
+            db.close()
     except sqlite3.Error as exc:
         raise ReportError(f"{path} is not a readable controller state: {exc}") from None
-    return build(jobs, decisions, samples, meta, str(path), total_gpus)
+
+
+def from_connection(db: sqlite3.Connection, source: str, total_gpus: int | None = None) -> Report:
+    """The report of an open connection to a controller's store (sqlite3.Error if not one)."""
+    db.row_factory = sqlite3.Row
+    jobs = [dict(r) for r in db.execute("SELECT * FROM jobs ORDER BY slurm_id")]
+    decisions = [dict(r) for r in db.execute("SELECT * FROM decisions ORDER BY time, id")]
+    samples = [dict(r) for r in db.execute("SELECT * FROM samples ORDER BY time")]
+    meta = {str(k): str(v) for k, v in db.execute("SELECT key, value FROM meta").fetchall()}
+    return build(jobs, decisions, samples, meta, source, total_gpus)
 
 
 def build(
