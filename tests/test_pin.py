@@ -85,8 +85,8 @@ def test_a_malformed_bound_is_one_line() -> None:
 
 
 def test_describe_shows_the_pin(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpcorch.cli import controller as ctl_cli
+    from hpcorch.cli import describe as describe_cli
 
     backend: Any = Backend("hpcorch:id=t,min=8,max=12,pin=10")
-    monkeypatch.setattr(ctl_cli, "make_backend", lambda: backend)
-    assert "pinned to 10 GPUs (hpcorch resize)" in ctl_cli._slurm_view(7)
+    monkeypatch.setattr(describe_cli, "make_backend", lambda: backend)
+    assert "pinned to 10 GPUs (hpcorch resize)" in describe_cli.slurm_view(7)

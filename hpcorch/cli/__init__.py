@@ -18,7 +18,7 @@ COMMANDS = {
     "cancel": "hpcorch.cli.status:cancel",
     "logs": "hpcorch.cli.logs:logs",
     "controller": "hpcorch.cli.controller:controller",
-    "describe": "hpcorch.cli.controller:describe",
+    "describe": "hpcorch.cli.describe:describe",
     "resize": "hpcorch.cli.pin:resize",
     "metrics": "hpcorch.cli.controller:metrics",
     "simulate": "hpcorch.cli.simulate:simulate",

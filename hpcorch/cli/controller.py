@@ -1,4 +1,4 @@
-"""``hpcorch controller``, ``describe``, ``resize`` and ``metrics``."""
+"""``hpcorch controller`` and ``metrics``."""
 
 from __future__ import annotations
 
@@ -8,20 +8,18 @@ import logging
 import os
 import signal
 import threading
-import time
-from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import click
-import numpy as np
 
 from hpcorch import logsetup
 from hpcorch.cli import params
 from hpcorch.cli.config import config_option
 from hpcorch.controller.loop import Controller, LoopConfig
+from hpcorch.controller.query_server import QueryServer
 from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
@@ -29,11 +27,9 @@ from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.policy.pooling import AcrossOwners
 from hpcorch.slurm.cluster import SlurmCluster
-from hpcorch.slurm.factory import backend_name, make_backend
+from hpcorch.slurm.factory import backend_name
 from hpcorch.slurm.files import Spool
-from hpcorch.slurm.script import parse_comment
 from hpcorch.slurm.version import behaviour, check_supported
-from hpcorch.status import fmt_duration, render_table
 
 state_dir_option = click.option(
     "--state-dir",
@@ -267,10 +263,13 @@ def controller(
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        queries = QueryServer(directory)  # users read the pool through <state>/query.sock
+        queries.start()
         if once:
             loop.cycle()
         else:
             loop.run(stop.is_set, stop.wait)
+        queries.close()
         store.close()
 
 
@@ -322,115 +321,7 @@ def _open_store(state_dir: str | None) -> Store:
 
 
 @click.command()
-@click.argument("job_id", type=params.JOB_ID)
-@state_dir_option
-def describe(job_id: int, state_dir: str | None) -> None:
-    """One job's plans, resizes and throughput by GPU count."""
-    from hpcorch.cli.status import describe_from_slurm
-
-    if not (controller_dir(state_dir) / STATE_DB).exists():
-        describe_from_slurm(job_id)  # no controller here: what Slurm and the job dir say
-        return
-    store = _open_store(state_dir)
-    rec = store.job(job_id)
-    if rec is None:
-        describe_from_slurm(job_id)
-        return
-    slurm = _slurm_view(job_id)
-    click.echo(f"job {rec.slurm_id} ({rec.name}) of {rec.user}: {rec.phase} - {rec.reason}")
-    if slurm:
-        click.echo(f"  Slurm: {slurm}")
-    click.echo(
-        f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), global batch "
-        f"{rec.global_batch or rec.batch} = {rec.micro_batch or '?'} x {rec.accum_steps} x "
-        f"{rec.gpus or '?'}, launches {rec.launches}, resizes {rec.resizes}, "
-        f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
-    )
-    click.echo(f"  directory {rec.job_dir or '?'}")
-    budget = fmt_duration(rec.time_budget_s) if rec.time_budget_s else "none"
-    cap = rec.max_relaunches if rec.max_relaunches >= 0 else "no cap"
-    click.echo(
-        f"  run time {fmt_duration(rec.run_total_s)} of budget {budget}; relaunches after "
-        f"checkpoints of its own {rec.time_relaunches} (cap {cap})"
-    )
-    mode = rec.mode + (" (detected at launch)" if rec.mode_detected else "")
-    if rec.mode == "sidecar":
-        movable = "resizable" if rec.movable else rec.fixed_reason()
-        progress = "reports progress" if rec.predictable else "no progress source (LAS)"
-        click.echo(
-            f"  mode {mode}: {movable}; {progress}; checkpoints seen {rec.checkpoints}; "
-            f"steps lost to stops {rec.lost_steps}; killed after the grace {rec.kills}"
-        )
-    else:
-        click.echo(f"  mode {mode}")
-    rows = []
-    for d in store.decisions(job_id):
-        took = f"{d.done_at - d.time:.2f}s" if d.done_at else "-"
-        rows.append(
-            [
-                _clock(d.time),
-                d.action,
-                f"{d.from_gpus}->{d.to_gpus}",
-                str(d.global_batch),
-                d.status,
-                took,
-                d.detail,
-            ]
-        )
-    click.echo("\ndecisions")
-    click.echo(
-        render_table(["TIME", "ACTION", "GPUS", "BATCH", "STATUS", "TOOK", "DETAIL"], rows)
-        if rows
-        else "  none"
-    )
-    by_gpus: dict[int, list[float]] = defaultdict(list)
-    for s in store.samples(job_id):
-        if s.samples_per_s > 0:
-            by_gpus[s.gpus].append(s.samples_per_s)
-    click.echo("\nthroughput by GPU count")
-    click.echo(
-        render_table(
-            ["GPUS", "SAMPLES/S", "REPORTS"],
-            [[str(g), f"{np.median(v):.1f}", str(len(v))] for g, v in sorted(by_gpus.items())],
-        )
-        if by_gpus
-        else "  no reports yet"
-    )
-
-
-def _slurm_view(job_id: int) -> str:
-    """What Slurm says of the job (squeue, else sacct); "" if it cannot be asked."""
-    from hpcorch.slurm.history import with_history
-
-    try:
-        backend = make_backend()
-        jobs = with_history([j for j in backend.jobs() if j.job_id == job_id], [job_id], backend)
-    except HpcorchError:
-        return ""
-    if not jobs:
-        return ""
-    j = jobs[0]
-    parts = [j.state, f"user {j.user}", f"partition {j.partition or '-'}"]
-    for label, value in (("account", getattr(j, "account", "")), ("qos", getattr(j, "qos", ""))):
-        if value:
-            parts.append(f"{label} {value}")
-    if j.nodes:
-        parts.append(f"nodes {j.nodes}")
-    if j.reservation:
-        parts.append(f"reservation {j.reservation}")
-    pin = (parse_comment(j.comment) or {}).get("pin")
-    if pin:
-        parts.append(f"pinned to {pin} GPUs (hpcorch resize)")
-    if j.state not in ("PENDING", "RUNNING"):
-        parts.append(f"exit code {j.exit_code}")
-    return ", ".join(parts)
-
-
-def _clock(t: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(t))
-
-
-@click.command()
+@click.argument("job_id", required=False, type=params.JOB_ID)
 @click.option("--listen", type=params.Integer(1, 65535), help="Serve them on this port instead.")
 @click.option(
     "--address",
@@ -440,16 +331,20 @@ def _clock(t: float) -> str:
     help="Address to serve them on.",
 )
 @state_dir_option
-def metrics(listen: int | None, address: str, state_dir: str | None) -> None:
-    """Prometheus metrics: print once, or serve them with --listen PORT (needs
-    prometheus-client: pip install 'hpcorch[prometheus]')."""
+def metrics(job_id: int | None, listen: int | None, address: str, state_dir: str | None) -> None:
+    """Prometheus metrics: print once (JOB_ID: only its per-job series; a user sees their
+    own jobs'), or serve them with --listen PORT (needs prometheus-client: pip install
+    'hpcorch[prometheus]')."""
+    from hpcorch.cli.poolview import metrics_text
     from hpcorch.controller import prom
 
     path = controller_dir(state_dir) / STATE_DB
     try:
         if listen is None:
-            click.echo(prom.render_metrics(_open_store(state_dir)), nl=False)
+            click.echo(metrics_text(controller_dir(state_dir), job_id), nl=False)
             return
+        if job_id is not None:
+            raise click.UsageError("--listen serves every job's metrics: give no JOB_ID")
         _open_store(state_dir).close()  # fail now, clearly, if there is no state
         reg = prom.registry(lambda: Store(path, readonly=True))
         server, thread = prom.client().start_http_server(listen, address, registry=reg)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import sys
 import time
 from pathlib import Path
@@ -63,15 +64,23 @@ def logs(job_id: int, follow: bool, launch: int | None, lines: int | None, inter
         job = _job(backend, job_id)
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from exc
-    directory = find_job_dir(job_id, job)
+    try:
+        directory = find_job_dir(job_id, job)
+    except PermissionError:
+        raise _not_yours(job_id, job) from None
     if directory is None:
+        if job is not None and job.user != getpass.getuser():
+            raise _not_yours(job_id, job)
         where = "Slurm lists it, but " if job is not None else ""
         raise click.ClickException(
             f"no job directory for job {job_id}: {where}it was not submitted by hpcorch "
             "from this account (or $HPCORCH_HOME differs)"
         )
     path = directory / log_name(job_id)
-    data = _read(path, 0)
+    try:
+        data = _read(path, 0)
+    except PermissionError:
+        raise _not_yours(job_id, job) from None
     offset = len(data)
     if launch is not None:
         try:
@@ -90,13 +99,26 @@ def logs(job_id: int, follow: bool, launch: int | None, lines: int | None, inter
     )
 
 
+def _not_yours(job_id: int, job: SlurmJob | None) -> click.ClickException:
+    """The output of a job this user may not read (as the file system says): one line,
+    without the other user's paths."""
+    owner = job.user if job is not None and job.user else "another user"
+    return click.ClickException(
+        f"cannot read the output of job {job_id}: it is {owner}'s (permission denied)"
+    )
+
+
 def _read(path: Path, offset: int) -> bytes:
+    """What ``path`` holds from ``offset`` (b"" if it is not there yet); PermissionError
+    passes (the caller says whose the job is)."""
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
             return fh.read()
     except FileNotFoundError:
         return b""
+    except PermissionError:
+        raise
     except OSError as exc:
         raise click.ClickException(f"cannot read {path}: {exc.strerror}") from exc
 

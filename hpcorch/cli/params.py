@@ -238,7 +238,9 @@ def signal_of(text: str) -> signal.Signals:
 
 class StateDir(_StrParam):
     """A directory path: it may not exist yet (``must_exist=False``), but when it exists it
-    must be a directory this user can read (and, with ``writable``, write)."""
+    must be a directory this user can enter (and, with ``writable``, write). Entering is
+    enough to read a file by name: the controller's state directory is 0711, users may not
+    list it."""
 
     name = "directory"
 
@@ -266,7 +268,7 @@ class StateDir(_StrParam):
             self.fail(f"{_show(text)}: {exc.strerror}", param, ctx)
         if exists and not is_dir:
             self.fail(f"{_show(text)} is not a directory", param, ctx)
-        if is_dir and not os.access(path, os.R_OK | os.X_OK):
+        if is_dir and not os.access(path, os.X_OK):
             self.fail(f"cannot read {_show(text)}: permission denied", param, ctx)
         if is_dir and self.writable and not os.access(path, os.W_OK):
             self.fail(f"cannot write in {_show(text)}: permission denied", param, ctx)

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from hpcorch.cli import params
+from hpcorch.cli.poolview import access, ask
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.report import SUMMARY_HEADERS, Report, ReportError, from_store, summary_rows
 
@@ -17,10 +18,20 @@ COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 def load(source: str | None, state_dir: str | None, pool_gpus: int | None) -> Report:
     """The report of SOURCE: a controller state directory or its state.db (live or
-    finished; a simulation's kept store too); default: the controller's state directory."""
+    finished; a simulation's kept store too); default: the controller's state directory.
+    A user who may not read a live controller's state gets its report from the controller
+    (other users' jobs without their batch sizes and losses)."""
     path = Path(source).expanduser() if source else controller_dir(state_dir)
     if path.is_dir():
         path = path / STATE_DB
+    if path.name == STATE_DB and access(path.parent) == "socket":  # a user: ask the controller
+        reply = ask(path.parent, {"q": "report"})
+        try:
+            rep = Report.from_json(reply["report"])
+        except (KeyError, TypeError, ValueError):
+            raise ReportError(f"the controller's report on {path.parent} is malformed") from None
+        rep.total_gpus = pool_gpus or rep.total_gpus
+        return rep
     return from_store(path, pool_gpus)
 
 

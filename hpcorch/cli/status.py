@@ -6,13 +6,14 @@ import getpass
 import json
 import time
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import click
 
 from hpcorch.cli import params
 from hpcorch.cli.argtypes import JOB_ID_LIST, NAME_LIST, flatten
 from hpcorch.errors import HpcorchError
-from hpcorch.paths import STATE_DB, controller_dir
+from hpcorch.paths import controller_dir
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.parse import SlurmJob
 from hpcorch.slurm.script import parse_comment
@@ -28,6 +29,10 @@ from hpcorch.status import (
     status_document,
 )
 from hpcorch.status_format import COMPACT_STATES, JOB_STATES
+
+if TYPE_CHECKING:
+    from hpcorch.cli.poolview import View
+    from hpcorch.controller.store import JobRecord
 
 PHASES = (
     "queued",
@@ -148,38 +153,44 @@ def status(
         time.sleep(watch)
 
 
-def managed_jobs(state_dir: str | None) -> tuple[dict[int, Managed], list[str] | None]:
-    """The controller's view of its jobs, and its pool's nodes, when its state is readable."""
-    path = controller_dir(state_dir) / STATE_DB
-    if not path.exists():
-        return {}, None
-    from hpcorch.controller.store import Store  # only when a controller's state is there
+def managed_of(records: list[JobRecord]) -> dict[int, Managed]:
+    """What the controller adds to each job's row."""
+    return {
+        r.slurm_id: Managed(
+            r.phase,
+            r.reason,
+            r.global_batch or r.target_batch,
+            r.micro_batch,
+            r.accum_steps,
+            r.samples_per_s,
+            r.launches,
+            r.mode + (" (detected)" if r.mode_detected else ""),
+            r.lost_steps,
+        )
+        for r in records
+    }
+
+
+def controller_view(state_dir: str | None) -> View | None:
+    """The controller's jobs and pool as this user may see them (its database, else its
+    query socket); None when there is none here or its database is unreadable (status
+    then shows Slurm's view alone). A controller that cannot be asked is one error line."""
+    from hpcorch.cli.poolview import PoolViewError, load_view
 
     try:
-        store = Store(path, readonly=True)
-        found = {
-            r.slurm_id: Managed(
-                r.phase,
-                r.reason,
-                r.global_batch or r.target_batch,
-                r.micro_batch,
-                r.accum_steps,
-                r.samples_per_s,
-                r.launches,
-                r.mode + (" (detected)" if r.mode_detected else ""),
-                r.lost_steps,
-            )
-            for r in store.jobs()
-        }
-        pool = [n["name"] for n in json.loads(store.get_meta("pool") or "[]")]
-        store.close()
+        return load_view(controller_dir(state_dir))
+    except PoolViewError as exc:
+        raise _fail(exc) from None
     except (HpcorchError, OSError, ValueError):
-        return {}, None
-    return found, pool or None
+        return None
 
 
-def gather(filters: Filters, state_dir: str | None) -> tuple[list[PoolRow], list[JobRow]]:
-    """The pool and the jobs as status shows them (three Slurm calls)."""
+def gather(
+    filters: Filters, state_dir: str | None
+) -> tuple[list[PoolRow], list[JobRow], View | None]:
+    """The pool and the jobs as status shows them (three Slurm calls), and the
+    controller's view they came with."""
+    view = controller_view(state_dir)
     try:
         backend = make_backend()
         jobs = backend.jobs()
@@ -187,11 +198,12 @@ def gather(filters: Filters, state_dir: str | None) -> tuple[list[PoolRow], list
         _, default = backend.partitions()
     except HpcorchError as exc:
         raise _fail(exc) from exc
-    from hpcorch.slurm.history import controller_job_ids, with_history
+    from hpcorch.slurm.history import recent_ids, with_history
 
     # the controller's jobs squeue has forgotten, from sacct
-    jobs = with_history(jobs, controller_job_ids(controller_dir(state_dir) / STATE_DB), backend)
-    managed, pool_nodes = managed_jobs(state_dir)
+    jobs = with_history(jobs, recent_ids(view.records if view else []), backend)
+    managed = managed_of(view.records) if view else {}
+    pool_nodes = [str(n["name"]) for n in view.pool] if view else []
     rows = job_rows(
         jobs,
         int(time.time()),
@@ -204,16 +216,16 @@ def gather(filters: Filters, state_dir: str | None) -> tuple[list[PoolRow], list
     )
     if pool_nodes:
         nodes = [n for n in nodes if n.name in pool_nodes]
-    return pool_rows(nodes, None if pool_nodes else default), rows
+    return pool_rows(nodes, None if pool_nodes else default), rows, view
 
 
 def _status_text(
     as_json: bool, filters: Filters, state_dir: str | None, fmt: str | None, noheader: bool
 ) -> str:
-    pool, rows = gather(filters, state_dir)
-    from hpcorch.controller.usage import read_usage, render_usage
+    pool, rows, view = gather(filters, state_dir)
+    from hpcorch.controller.usage import render_usage, user_usage
 
-    usage = read_usage(controller_dir(state_dir) / STATE_DB)  # GPU time by user
+    usage = user_usage(view.records) if view else None  # GPU time by user
     if as_json:
         doc = status_document(pool, rows)
         if usage is not None:

@@ -12,11 +12,15 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcorch.errors import HpcorchError
 from hpcorch.protocol import JOB_COMMENT_TAG
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.parse import SlurmJob
+
+if TYPE_CHECKING:
+    from hpcorch.controller.store import JobRecord
 
 RECENT_S = 86400.0
 """Finished jobs of the controller shown by ``status`` for this long after their end."""
@@ -56,16 +60,20 @@ def controller_job_ids(state_db: Path, now: float | None = None) -> list[int]:
         return []
     from hpcorch.controller.store import Store  # only when a controller's state is there
 
-    t = time.time() if now is None else now
     try:
         store = Store(state_db, readonly=True)
         try:
-            return [
-                r.slurm_id
-                for r in store.jobs()
-                if r.active or (r.finished_at and t - r.finished_at <= RECENT_S)
-            ]
+            return recent_ids(store.jobs(), now)
         finally:
             store.close()
     except (HpcorchError, OSError, ValueError):
         return []
+
+
+def recent_ids(records: Iterable[JobRecord], now: float | None = None) -> list[int]:
+    """Of the controller's job records, those worth showing: active ones and those that
+    ended within ``RECENT_S``."""
+    t = time.time() if now is None else now
+    return [
+        r.slurm_id for r in records if r.active or (r.finished_at and t - r.finished_at <= RECENT_S)
+    ]

@@ -144,7 +144,8 @@ def test_no_user_path_steers_where_the_controller_writes(site: Site, tmp_path: P
         assert not (root_only / "created").exists()
         assert {d: tree(d) for d in (x, y, root_only)} == before
         assert sorted(p.name for p in state.iterdir()) == [
-            "controller.lock", "controller.log", "jobs", "state.db", "state.db-shm", "state.db-wal",
+            "controller.lock", "controller.log", "jobs", "query.sock", "state.db", "state.db-shm",
+            "state.db-wal",
         ]  # fmt: skip
         for job in jobs.values():
             plan = state / "jobs" / str(job) / "plan.json"

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 import numpy
+import prometheus_client
 
 from tests.conftest import POOL_SCRIPT, REPO, pool_env, slurm_release
 
@@ -47,12 +48,13 @@ def ensure_user(name: str, system: bool = False) -> int:
 
 
 def make_site(root: Path) -> Path:
-    """A world-readable copy of what the users run: hpcorch, the job wrapper, click, numpy."""
+    """A world-readable copy of what the users run: hpcorch, the job wrapper, click, numpy,
+    prometheus-client."""
     site = root / "site"
     ignore = shutil.ignore_patterns("__pycache__", "data")
     shutil.copytree(REPO / "hpcorch", site / "hpcorch", ignore=ignore)
     shutil.copytree(REPO / "jobscripts", site / "jobscripts")
-    for mod in (click, numpy):
+    for mod in (click, numpy, prometheus_client):  # hpcorch metrics, through the controller
         src = Path(str(mod.__file__)).parent
         shutil.copytree(src, site / src.name, ignore=shutil.ignore_patterns("__pycache__"))
     libs = Path(str(numpy.__file__)).parent.parent / "numpy.libs"
