@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from hpcorch.controller.store import JobRecord, Store
-from hpcorch.errors import HpcorchError
+from hpcorch.controller.store import JobRecord
 from hpcorch.status import render_table
 
 HOLDING = ("running", "stopping")
@@ -69,18 +67,3 @@ def render_usage(rows: Sequence[UserUsage]) -> str:
             ],
         )
     )
-
-
-def read_usage(path: Path) -> list[UserUsage] | None:
-    """Per-user usage from the controller's state database at ``path`` (None when there
-    is none or it cannot be read: ``status`` then simply has no usage section)."""
-    if not path.exists():
-        return None
-    try:
-        store = Store(path, readonly=True)
-        try:
-            return user_usage(store.jobs())
-        finally:
-            store.close()
-    except (HpcorchError, OSError, ValueError):
-        return None

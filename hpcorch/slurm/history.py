@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcorch.errors import HpcorchError
@@ -51,23 +50,6 @@ def with_history(
 
 def _tag(job: SlurmJob) -> str:
     return f"{JOB_COMMENT_TAG}:id={job.job_id},min={job.gpus},max={job.gpus}"
-
-
-def controller_job_ids(state_db: Path, now: float | None = None) -> list[int]:
-    """The jobs of the controller's state at ``state_db`` worth showing: active ones and
-    those that ended within ``RECENT_S``. [] when there is no readable state."""
-    if not state_db.exists():
-        return []
-    from hpcorch.controller.store import Store  # only when a controller's state is there
-
-    try:
-        store = Store(state_db, readonly=True)
-        try:
-            return recent_ids(store.jobs(), now)
-        finally:
-            store.close()
-    except (HpcorchError, OSError, ValueError):
-        return []
 
 
 def recent_ids(records: Iterable[JobRecord], now: float | None = None) -> list[int]:
