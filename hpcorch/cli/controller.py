@@ -18,6 +18,7 @@ import click
 from hpcorch import logsetup
 from hpcorch.cli import params
 from hpcorch.cli.config import config_option
+from hpcorch.cluster import ENDED_STATES
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.query_server import QueryServer
 from hpcorch.controller.reconcile import Settings
@@ -29,6 +30,7 @@ from hpcorch.policy.pooling import AcrossOwners
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import backend_name
 from hpcorch.slurm.files import Spool
+from hpcorch.slurm.script import parse_comment
 from hpcorch.slurm.version import behaviour, check_supported
 
 state_dir_option = click.option(
@@ -134,6 +136,13 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Seconds a job has to checkpoint before it is requeued by force.",
 )
 @click.option(
+    "--launch-pending",
+    type=params.Number(5.0, 86400.0),
+    default=90.0,
+    show_default=True,
+    help="Seconds Slurm may keep a released launch pending before it is held and planned again.",
+)
+@click.option(
     "--max-retries",
     type=params.Integer(0, 1000),
     default=2,
@@ -167,7 +176,9 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option(
     "--adopt",
     is_flag=True,
-    help="Take over a state directory kept for another reservation (its jobs are then lost).",
+    help="Take over a state directory kept for another reservation (its jobs are then "
+    "lost), or start with an empty state beside a reservation that holds hpcorch jobs "
+    "(they are adopted as new).",
 )
 @state_dir_option
 @click.option(
@@ -197,6 +208,7 @@ def controller(
     round_s: float,
     restart_cost: float,
     grace: float,
+    launch_pending: float,
     max_retries: int,
     min_run: float,
     seed: int,
@@ -216,6 +228,7 @@ def controller(
     with _lock(directory):
         try:
             store = Store(directory / STATE_DB)
+            fresh = store.get_meta("reservation") is None and not store.jobs()
             _check_reservation(store, directory, reservation, adopt)
             _prepare_spool(directory, spool_root)
             cluster = SlurmCluster(reservation, spool=spool_root)
@@ -227,6 +240,8 @@ def controller(
                 nodes = ",".join(
                     n.name for n in cluster.backend.nodes() if part in n.partitions and n.gpus
                 )
+            if fresh:
+                _check_fresh_state(cluster, directory, reservation, adopt)
             done = cluster.ensure_reservation(nodes, users or getpass.getuser(), partition)
         except HpcorchError as exc:
             raise click.ClickException(str(exc)) from exc
@@ -249,7 +264,12 @@ def controller(
             max_calls_per_s=max_calls,
             round_s=round_s,
             restart_cost_s=restart_cost,
-            settings=Settings(grace_s=grace, max_retries=max_retries, min_run_s=min_run),
+            settings=Settings(
+                grace_s=grace,
+                max_retries=max_retries,
+                min_run_s=min_run,
+                launch_pending_s=launch_pending,
+            ),
         )
         chosen = make_policy(policy, seed)
         if pool_models_across_users:
@@ -287,6 +307,44 @@ def _check_reservation(store: Store, directory: Path, reservation: str, adopt: b
         )
     click.echo(
         f"hpcorch-controller: state of reservation '{kept}' taken over for '{reservation}'",
+        err=True,
+    )
+
+
+def _check_fresh_state(
+    cluster: SlurmCluster, directory: Path, reservation: str, adopt: bool
+) -> None:
+    """Refuse an empty (or missing, or zero-length) state beside a reservation that holds
+    hpcorch jobs a controller already acted on, unless told to adopt them: the state that
+    knew them is lost (the jobs it gave up on, its guards), and adopting them anew could
+    start such a job again. Jobs submitted before the first start are simply adopted."""
+    try:
+        jobs = cluster.backend.jobs(reservation)
+    except HpcorchError:
+        return  # no such reservation (or Slurm cannot say): nothing to lose
+    # jobs a controller already acted on: started (running, or requeued since), or under
+    # its admin hold; a fresh submission (held by its owner, never run) needs no state
+    ours = [
+        j.job_id
+        for j in jobs
+        if j.reservation == reservation
+        and parse_comment(j.comment) is not None
+        and j.state not in ENDED_STATES
+        and (j.state != "PENDING" or j.restarts > 0 or j.reason == "JobHeldAdmin")
+    ]
+    if not ours:
+        return
+    shown = ", ".join(str(i) for i in sorted(ours)[:5]) + (", ..." if len(ours) > 5 else "")
+    if not adopt:
+        raise HpcorchError(
+            f"the state in {directory} is empty, but reservation '{reservation}' holds "
+            f"{len(ours)} hpcorch job(s) ({shown}): restore {directory / STATE_DB} from a "
+            "backup, or add --adopt to take them over as new jobs (a job the lost state had "
+            "given up on may then start again)"
+        )
+    click.echo(
+        f"hpcorch-controller: empty state: {len(ours)} hpcorch job(s) of '{reservation}' "
+        f"adopted as new ({shown})",
         err=True,
     )
 

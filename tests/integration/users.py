@@ -124,9 +124,10 @@ class Site:
         return {**self.env, "HPCORCH_HOME": str(self.user_home(user)), **extra}
 
 
-def start_site(port: int) -> Site:
+def start_site(port: int, closed: str = "") -> Site:
     """Users, a world-readable copy of hpcorch, and a 2-node pool whose SlurmUser is the
-    controller's user, on port base ``port``."""
+    controller's user, on port base ``port``; ``closed``: the Lua pattern of reservation
+    names Slurm keeps closed (slurm/job_submit.lua; '' for none)."""
     uids = {CONTROLLER: ensure_user(CONTROLLER, system=True)}
     for user in (ALICE, BOB):
         uids[user] = ensure_user(user)
@@ -144,6 +145,7 @@ def start_site(port: int) -> Site:
     }
     up = [str(POOL_SCRIPT), "up", "--nodes", "2", "--port-base", str(port)]
     up += ["--slurm", slurm_release(), "--slurm-user", CONTROLLER]
+    up += ["--closed", closed] if closed else ["--open"]
     subprocess.run(up, env=env, check=True, capture_output=True, text=True)
     env = pool_env(env)
     return Site(root=root, site=site, pool_dir=pool_dir, env=env, uids=uids)
