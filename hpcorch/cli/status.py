@@ -25,6 +25,7 @@ from hpcorch.status import (
     job_rows,
     parse_format,
     pool_rows,
+    render_foreign,
     render_status,
     status_document,
 )
@@ -228,10 +229,14 @@ def _status_text(
     usage = user_usage(view.records) if view else None  # GPU time by user
     if as_json:
         doc = status_document(pool, rows)
+        doc["foreign"] = view.foreign if view else []
         if usage is not None:
             doc["usage"] = [asdict(u) for u in usage]
         return json.dumps(doc, indent=2)
     text = render_status(pool, rows, fmt, header=not noheader, show_pool=not (fmt or noheader))
+    foreign = render_foreign(view.foreign) if view and not (fmt or noheader) else ""
+    if foreign:  # jobs on the pool's nodes the controller did not place
+        text += "\n\n" + foreign
     if usage is None or fmt or noheader:
         return text
     return text + "\n\n" + render_usage(usage)
