@@ -370,8 +370,9 @@ JOB_SH = """#!/bin/bash
 # rank 0 copies the plan it was given and reports one step
 [[ ${RANK:-0} == 0 ]] || exit 0
 cat "$HPCORCH_PLAN" >"$HPCORCH_JOB_DIR/plan-seen.json" || exit 3
-steps='{"event": "steps", "step_time": 0.5, "step": 3, "samples_per_s": 64.0, "gpus": 1,'
-steps+=' "global_batch": 32, "per_gpu_batch": 32, "accum_steps": 1}'
+# the GPUs it runs on (Slurm's count wins: a line naming another is dropped)
+steps='{"event": "steps", "step_time": 0.5, "step": 3, "samples_per_s": 64.0,'
+steps+=' "gpus": '"${WORLD_SIZE:-1}"', "global_batch": 32, "per_gpu_batch": 32, "accum_steps": 1}'
 printf '%s\\n' '{"event": "start", "epochs": 1}' "$steps" >>"$HPCORCH_JOB_DIR/metrics.jsonl"
 sleep 5
 """
