@@ -186,21 +186,28 @@ def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
     """The wrapper found no plan of the controller's and ran nothing (EXIT_UNPLANNED).
     Released by its owner or an admin while queued: held again, not a try. Released while
     the controller was starting it (the plan not written yet, or unreadable on the node):
-    planned again after a back-off, counted as a failed start (bounded; a launch that
-    trains resets the count)."""
+    planned again after a back-off, counted as a failed start (:func:`_back_off`)."""
+    if rec.phase != "queued":
+        what = (
+            "its launch found no plan from the controller (exit 77: is the job's HPCORCH_SPOOL "
+            "the controller's --spool, readable on the nodes?)"
+        )
+        _back_off(rec, now, s, out, what)
+        return
     out.actions.append(Action("requeue_hold", rec.slurm_id, reason=UNPLANNED))
     rec.target_gpus = 0
     rec.target_placement = "{}"
-    if rec.phase == "queued":
-        out.events.append(f"unplanned: {UNPLANNED} (not a try)")
-        rec.reason = UNPLANNED
-        return
+    out.events.append(f"unplanned: {UNPLANNED} (not a try)")
+    rec.reason = UNPLANNED
+
+
+def _back_off(rec: JobRecord, now: float, s: Settings, out: Outcome, what: str) -> None:
+    """A launch that failed for a lasting condition (``what``), not by training: requeued
+    held, its GPUs released, retried after 2, 4, 8.. s like a failed start; the job failed
+    at the ``max_start_failures``-th in a row (a run that reports its start resets the
+    count)."""
     rec.start_failures += 1
     n = rec.start_failures
-    what = (
-        "its launch found no plan from the controller (exit 77: is the job's HPCORCH_SPOOL the "
-        "controller's --spool, readable on the nodes?)"
-    )
     if n >= s.max_start_failures:
         _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
         rec.finished_at = now
@@ -208,8 +215,11 @@ def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
         out.events.append(f"failed: {rec.reason}")
         return
     delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
-    why = f"{what}: planned again, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
+    why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
     out.events.append(f"retry: {why}")
+    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+    rec.target_gpus = 0
+    rec.target_placement = "{}"
     rec.retry_at = now + delay
     _set_phase(rec, "queued", now, why)
     rec.phase_since = now
@@ -244,29 +254,12 @@ def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
 
 def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
     """The runtime could not write the job directory (EXIT_STORAGE): a lasting condition,
-    backed off like a failed start (GPUs released, retried after 2, 4, 8.. s), the job
-    failed at the ``max_start_failures``-th in a row (a run that reports its start resets
-    the count)."""
-    rec.start_failures += 1
-    n = rec.start_failures
+    backed off like a failed start."""
     what = (
         f"its job directory cannot be written (exit {EXIT_STORAGE}: no space, read-only or "
         "permission denied)"
     )
-    if n >= s.max_start_failures:
-        _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
-        rec.finished_at = now
-        rec.retry_at = 0.0
-        out.events.append(f"failed: {rec.reason}")
-        return
-    delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
-    why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
-    out.events.append(f"retry: {why}")
-    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-    rec.target_gpus = 0
-    rec.retry_at = now + delay
-    _set_phase(rec, "queued", now, why)
-    rec.phase_since = now
+    _back_off(rec, now, s, out, what)
 
 
 def _pending(
