@@ -7,7 +7,6 @@ slurm/job_submit.lua, keeps them out of the pool."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -30,10 +29,8 @@ from tests.integration.users import (
     ALICE,
     BOB,
     Site,
-    can_run,
     sbatch_as,
-    start_site,
-    stop_site,
+    site_beside,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.releases]
@@ -262,18 +259,8 @@ def test_a_node_that_comes_back_costs_no_retry(env_pool: Pool, tmp_path: Path) -
 # --- a closed pool, with real second users ------------------------------------------------
 @pytest.fixture(scope="module")
 def closed_site(slurm_pool: Pool) -> Iterator[Site]:
-    why = can_run()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    settings = (slurm_pool.dir / "pool.env").read_text()
-    port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
-    s = start_site(port + 60, closed=".")  # every reservation of this pool is closed
-    try:
+    with site_beside(slurm_pool, 60, closed=".") as s:
         yield s
-    finally:
-        stop_site(s)
 
 
 def test_only_the_controller_places_jobs_in_a_closed_pool(

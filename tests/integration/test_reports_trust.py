@@ -9,8 +9,6 @@ group of bob's model key: not by default (keys per owner), and not with the site
 
 from __future__ import annotations
 
-import os
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,7 @@ from hpcorch.policy.pooling import model_keys
 from tests.conftest import Pool
 from tests.integration.controller_util import FAST, ControllerProc, wait_for
 from tests.integration.test_trust import drop_reservation, reservation, site_pool
-from tests.integration.users import ALICE, BOB, PYTHON, Site, can_run, start_site, stop_site
+from tests.integration.users import ALICE, BOB, PYTHON, Site, site_beside
 
 pytestmark = pytest.mark.slurm
 
@@ -61,18 +59,8 @@ MODEL = "model:Net:250:1000"
 
 @pytest.fixture(scope="module")
 def site(slurm_pool: Pool) -> Iterator[Site]:
-    why = can_run()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    settings = (slurm_pool.dir / "pool.env").read_text()
-    port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
-    s = start_site(port + 50)
-    try:
+    with site_beside(slurm_pool, 50) as s:
         yield s
-    finally:
-        stop_site(s)
 
 
 def sbatch_forge(s: Site, user: str, name: str, res: str, role: str, forged: int) -> int:

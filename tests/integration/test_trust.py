@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -27,10 +26,8 @@ from tests.integration.users import (
     CONTROLLER,
     PYTHON,
     Site,
-    can_run,
     sbatch_as,
-    start_site,
-    stop_site,
+    site_beside,
 )
 
 pytestmark = pytest.mark.slurm
@@ -41,18 +38,8 @@ UNIT = REPO / "slurm" / "hpcorch-controller.service"
 
 @pytest.fixture(scope="module")
 def site(slurm_pool: Pool) -> Iterator[Site]:
-    why = can_run()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    settings = (slurm_pool.dir / "pool.env").read_text()
-    port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
-    s = start_site(port + 50)  # beside the test pool: +17 and +101.. never meet +67, +151..
-    try:
+    with site_beside(slurm_pool, 50) as s:
         yield s
-    finally:
-        stop_site(s)
 
 
 def site_pool(s: Site) -> Pool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import socket
 import statistics
@@ -32,9 +31,7 @@ from tests.integration.users import (
     BOB,
     PYTHON,
     Site,
-    can_run,
-    start_site,
-    stop_site,
+    site_beside,
 )
 
 pytestmark = pytest.mark.slurm
@@ -54,18 +51,8 @@ sleep 600
 
 @pytest.fixture(scope="module")
 def site(slurm_pool: Pool) -> Iterator[Site]:
-    why = can_run()
-    if why:
-        if os.environ.get("CI"):
-            pytest.fail(why)
-        pytest.skip(why)
-    settings = (slurm_pool.dir / "pool.env").read_text()
-    port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
-    s = start_site(port + 50)  # as test_trust.py: beside the test pool's ports
-    try:
+    with site_beside(slurm_pool, 50) as s:
         yield s
-    finally:
-        stop_site(s)
 
 
 @dataclass

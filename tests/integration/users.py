@@ -9,10 +9,12 @@ directory, so nothing depends on the checkout's or the virtual environment's per
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,8 +22,9 @@ from typing import Any
 import click
 import numpy
 import prometheus_client
+import pytest
 
-from tests.conftest import POOL_SCRIPT, REPO, pool_env, slurm_release
+from tests.conftest import POOL_SCRIPT, REPO, Pool, pool_env, slurm_release
 
 CONTROLLER = "hpcorch"
 ALICE = "hpcorch-alice"
@@ -172,3 +175,22 @@ def sbatch_as(s: Site, user: str, comment: str, reservation: str, extra: Sequenc
         "sleep 600",
     )
     return int(res.stdout.strip().split(";")[0])
+
+
+@contextmanager
+def site_beside(pool: Pool, offset: int = 50, closed: str = "") -> Iterator[Site]:
+    """A site pool (start_site) on the test pool's port base + ``offset`` (+17 and +101..
+    of the test pool never meet +67, +151..), stopped after; skipped (failed in CI) where
+    users cannot be made. One module at a time uses a given offset."""
+    why = can_run()
+    if why:
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    settings = (pool.dir / "pool.env").read_text()
+    port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
+    s = start_site(port + offset, closed)
+    try:
+        yield s
+    finally:
+        stop_site(s)
