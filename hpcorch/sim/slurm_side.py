@@ -98,6 +98,8 @@ class SimSlurm:
         self._arrivals = sorted(j.model.spec.time for j in self.jobs)
         self._running: list[SlurmJob] = []
         self._waiting: list[SlurmJob] = []
+        self._admin_held: set[int] = set()
+        """Jobs under the controller's own (admin) hold, as an operator's hold is."""
         """Released pending jobs, in the order Slurm considers them (job id)."""
         self._finished = 0
         self._calls = 0
@@ -141,7 +143,11 @@ class SimSlurm:
             user=self.user,
             state=j.state,
             held=j.held,
-            reason="JobHeldUser" if j.held else ("" if running else "Resources"),
+            reason=(
+                ("JobHeldAdmin" if j.slurm_id in self._admin_held else "JobHeldUser")
+                if j.held
+                else ("" if running else "Resources")
+            ),
             node_names=tuple(self.node_names[i] for i in j.nodes) if running else (),
             gpus_per_node=max(j.counts, default=0) if running else 0,
             restarts=j.restarts,
@@ -180,6 +186,7 @@ class SimSlurm:
         if j.state != "PENDING":
             raise SimSlurmError(f"job {slurm_id}: job is no longer pending execution")
         j.held = True
+        self._admin_held.add(slurm_id)
         self._bump(j)
         self._unwait(j)
 
@@ -199,6 +206,7 @@ class SimSlurm:
     def requeue_hold(self, slurm_id: int) -> None:
         self._calls += 1
         j = self._job(slurm_id)
+        self._admin_held.discard(slurm_id)  # Slurm leaves a requeue-hold a user hold
         self._bump(j)
         if j.state == "PENDING":
             j.held = True
