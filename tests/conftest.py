@@ -159,6 +159,8 @@ def accounting_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pool]:
     env = pool_env(env)
     home = tmp_path_factory.mktemp("hpcorch-home-acct")
     env["HPCORCH_HOME"] = str(home)
+    # the controllers' plans where the jobs look for them (a job finds none: exit 77)
+    env["HPCORCH_SPOOL"] = str(home / "spool")
     env["PYTHONUNBUFFERED"] = "1"
     yield Pool(dir=pool_dir, env=env, nodes=4, gpus_per_node=4, home=home)
     subprocess.run([str(POOL_SCRIPT), "down"], env=env, check=False, capture_output=True)

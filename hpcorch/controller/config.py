@@ -29,4 +29,8 @@ class LoopConfig:
     """What the policy assumes a resize costs a job; a running job also trains at least
     this long (and at least ``settings.min_run_s``) before it is stopped again."""
     max_starts_per_cycle: int = 64
+    max_holds_per_cycle: int = 8
+    """User holds turned into the controller's own per cycle (each is one Slurm call): 500
+    jobs submitted at once are all held by the controller within 63 cycles, a cycle's Slurm
+    calls stay bounded meanwhile."""
     settings: Settings = field(default_factory=Settings)

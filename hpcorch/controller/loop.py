@@ -130,10 +130,12 @@ class Controller:
             claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         acting = {r.slurm_id for r, a in pending if a.kind in ("start", "hold", "requeue_hold")}
+        holds = 0
         for rec in records:
-            if rec.slurm_id not in acting:
+            if rec.slurm_id not in acting and holds < self.config.max_holds_per_cycle:
                 own = self.guard.own_hold(rec, observed.get(rec.slurm_id))
                 pending += [(rec, a) for a in own]
+                holds += len(own)
 
         def unstorable(rec: JobRecord, exc: BaseException) -> JobRecord:
             return self._unstorable(rec, exc, now)

@@ -125,7 +125,9 @@ def test_wrapper_standalone_forwards_the_checkpoint_signal(
         "open(os.path.join(os.environ['HPCORCH_JOB_DIR'], 'ready-' + os.environ['RANK']), 'w')\n"
         "time.sleep(120)\n"
     )
-    env_pool = Pool(slurm_pool.dir, {**slurm_pool.env, "HPCORCH_CONTROLLED": "1"}, 4, 4)
+    # under a controller, but with no spool to read a plan from (so no plan is required)
+    env = {k: v for k, v in slurm_pool.env.items() if k != "HPCORCH_SPOOL"}
+    env_pool = Pool(slurm_pool.dir, {**env, "HPCORCH_CONTROLLED": "1"}, 4, 4)
     out = env_pool.run(
         "sbatch",
         "--parsable",
