@@ -24,7 +24,7 @@ from tests.integration.controller_util import (
     submit,
     wait_for,
 )
-from tests.integration.test_trust import mount_small
+from tests.integration.test_trust import mount_small, reservation, run_unit, stop_unit
 from tests.integration.users import (
     ALICE,
     BOB,
@@ -271,8 +271,6 @@ def test_only_the_controller_places_jobs_in_a_closed_pool(
     moved in, the controller's holds are admin holds, and its owner cannot release a queued
     job; it runs when the controller starts it."""
     s = closed_site
-    from tests.integration.test_trust import drop_reservation, reservation, run_unit
-
     reservation(s, "hpcorch", f"{ALICE},{BOB}")
     var_lib = s.root / "var-lib-closed"
     log = s.root / "closed.log"
@@ -319,9 +317,4 @@ def test_only_the_controller_places_jobs_in_a_closed_pool(
         wait_for("alice's job started", lambda: pool.state(mine) == "RUNNING", 120, log)
         assert "Traceback" not in log.read_text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        drop_reservation(s, "hpcorch")
+        stop_unit(proc, s)

@@ -353,6 +353,17 @@ def run_unit(s: Site, var_lib: Path, log: Path, *extra: str) -> subprocess.Popen
     )
 
 
+def stop_unit(proc: subprocess.Popen[str], s: Site, reservation: str = "hpcorch") -> None:
+    """Stop the controller run_unit started (SIGTERM; killed after 30 s) and drop its
+    reservation."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    drop_reservation(s, reservation)
+
+
 JOB_SH = """#!/bin/bash
 # rank 0 copies the plan it was given and reports one step
 [[ ${RANK:-0} == 0 ]] || exit 0
@@ -421,12 +432,7 @@ def test_the_systemd_unit_runs_the_controller_as_its_own_user(site: Site) -> Non
         assert "Read-only file system" not in log.read_text()
         assert "Traceback" not in log.read_text()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        drop_reservation(site, "hpcorch")
+        stop_unit(proc, site)
 
 
 def _phase(state: Path, job: int) -> str:

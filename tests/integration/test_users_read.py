@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -25,7 +24,7 @@ import pytest
 from hpcorch.controller.store import Store
 from tests.conftest import Pool
 from tests.integration.controller_util import FAST, wait_for
-from tests.integration.test_trust import drop_reservation, reservation, run_unit
+from tests.integration.test_trust import reservation, run_unit, stop_unit
 from tests.integration.users import (
     ALICE,
     BOB,
@@ -122,12 +121,7 @@ def running(site: Site) -> Iterator[Running]:
             )
         yield r
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        drop_reservation(site, "hpcorch")
+        stop_unit(proc, site)
 
 
 def one_line(res: subprocess.CompletedProcess[str]) -> str:
