@@ -76,7 +76,6 @@ class Controller:
         """The controller's own holds, and the jobs it did not place (guard.py)."""
         self.executor = Executor(cluster, self.config, self.warn)
         """Carries out actions (execute.py)."""
-        self._plan_batch = self.executor.plan_batch
         for d in store.decisions(status="pending"):
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
@@ -352,7 +351,7 @@ class Controller:
                     pool_nodes,
                     self.config.settings,
                     jp.cpus_per_gpu if jp else 0,
-                    self._plan_batch.get(rec.slurm_id, 0),
+                    self.executor.plan_batch.get(rec.slurm_id, 0),
                     live and bool(rec.job_dir),
                     restart_cost_s=self.config.restart_cost_s,
                 )

@@ -169,10 +169,7 @@ def _ended(
         delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (rec.failures - 1))
         why = f"{what}: retry {rec.failures}/{s.max_retries} from the last checkpoint"
         out.events.append(f"retry: {why} in {delay:.0f} s")
-        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-        rec.target_gpus = 0
-        rec.retry_at = now + delay
-        _set_phase(rec, "queued", now, f"{why} in {delay:.0f} s")
+        _queue_again(rec, now, out, "requeue_hold", why, delay, f"{why} in {delay:.0f} s")
     else:
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
@@ -201,6 +198,26 @@ def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
     rec.reason = UNPLANNED
 
 
+def _queue_again(
+    rec: JobRecord,
+    now: float,
+    out: Outcome,
+    kind: str,
+    why: str,
+    delay: float,
+    reason: str | None = None,
+) -> None:
+    """Back to the queue, its GPUs free for others, planned afresh after ``delay``: the job
+    requeued held (``kind`` "requeue_hold": its run ended) or held (``kind`` "hold": a
+    launch still pending). ``reason``: the job's reason, when not ``why``."""
+    out.actions.append(Action(kind, rec.slurm_id, reason=why))
+    rec.target_gpus = 0
+    rec.target_placement = "{}"
+    rec.retry_at = now + delay
+    _set_phase(rec, "queued", now, reason or why)
+    rec.phase_since = now
+
+
 def _back_off(rec: JobRecord, now: float, s: Settings, out: Outcome, what: str) -> None:
     """A launch that failed for a lasting condition (``what``), not by training: requeued
     held, its GPUs released, retried after 2, 4, 8.. s like a failed start; the job failed
@@ -217,12 +234,7 @@ def _back_off(rec: JobRecord, now: float, s: Settings, out: Outcome, what: str) 
     delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
     why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
     out.events.append(f"retry: {why}")
-    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-    rec.target_gpus = 0
-    rec.target_placement = "{}"
-    rec.retry_at = now + delay
-    _set_phase(rec, "queued", now, why)
-    rec.phase_since = now
+    _queue_again(rec, now, out, "requeue_hold", why, delay)
 
 
 def _node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
@@ -237,12 +249,7 @@ def _node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out
         f"{delay:.0f} s"
     )
     out.events.append(f"requeued: {why}")
-    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-    rec.target_gpus = 0
-    rec.target_placement = "{}"
-    rec.retry_at = now + delay
-    _set_phase(rec, "queued", now, why)
-    rec.phase_since = now
+    _queue_again(rec, now, out, "requeue_hold", why, delay)
 
 
 def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
@@ -323,12 +330,8 @@ def _launch_pending(
         rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
         return
     why = f"Slurm kept the launch pending {waited:.0f} s ({slurm_reason}): held and planned again"
-    out.actions.append(Action("hold", rec.slurm_id, reason=why))
     out.events.append(f"replan: {why}")
-    rec.target_gpus = 0
-    rec.target_placement = "{}"
-    rec.retry_at = now + s.start_backoff_s
-    _set_phase(rec, "queued", now, why)
+    _queue_again(rec, now, out, "hold", why, s.start_backoff_s)
 
 
 def _relaunch_from_held(

@@ -172,15 +172,15 @@ class SlurmCluster:
                 per_gpu = j.gpus_per_job // len(names)
             tags = parse_comment(j.comment)
             holds = names and j.state not in ENDED_STATES
+            gpus = per_node or (per_gpu,) * len(names)
             if tags is None:  # in the pool, not placed by the controller
                 if j.state not in ENDED_STATES:
-                    gpus = per_node or (per_gpu,) * len(names)
                     foreign.append(ForeignJob(j.job_id, j.user, j.name, j.state, names, gpus))
                     if holds:
                         held.add("foreign", names, gpus, j.cpus)
                 continue
             if holds:
-                held.add("own", names, per_node or (per_gpu,) * len(names), j.cpus)
+                held.add("own", names, gpus, j.cpus)
             cpus = j.cpus_per_gpu or _cpus_tag(tags)
             if cpus:
                 cpus_per_gpu[j.job_id] = cpus
