@@ -24,7 +24,7 @@ from tests.integration.controller_util import (
     submit,
     wait_for,
 )
-from tests.integration.test_trust import mount_small, reservation, run_unit, stop_unit
+from tests.integration.test_trust import fill_up, mount_small, reservation, run_unit, stop_unit
 from tests.integration.users import (
     ALICE,
     BOB,
@@ -188,12 +188,7 @@ def test_a_full_state_directory_keeps_jobs_running_and_says_so_once(
         ctl.start()
         job = submit(env_pool, res, "full", 1, 2, "--epochs", "15", "--sample-delay", "0.004")
         wait_for("the job running", lambda: ctl.phase(job) == "running", 120, ctl.log)
-        with open(state / "fill", "wb", buffering=0) as fh:
-            try:
-                while True:
-                    fh.write(b"\0" * 65536)
-            except OSError:
-                pass
+        fill_up(state)
         time.sleep(20)
         assert env_pool.state(job) == "RUNNING", show(env_pool, job)
         log = ctl.log.read_text()

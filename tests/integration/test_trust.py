@@ -233,6 +233,11 @@ def mount_small(where: Path) -> None:
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)])
     if r.returncode != 0:
         pytest.skip("cannot mount a tmpfs here")
+    fill_up(where)
+
+
+def fill_up(where: Path) -> None:
+    """Write ``where``/fill until its file system is full."""
     with open(where / "fill", "wb", buffering=0) as fh:
         try:
             while True:
