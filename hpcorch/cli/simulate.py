@@ -18,7 +18,7 @@ from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.regime import REGIMES, Regime
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
-from hpcorch.sim.traces import TraceError, default_data_dir, load_apps
+from hpcorch.sim.traces import TraceError, default_data_dir, load_apps, scale_apps
 from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
 
 
@@ -205,6 +205,15 @@ def _workload_path(value: Path, data: Path) -> Path:
     type=params.Number(0.01, 100.0),
     help="Epochs the jobs declare, as a multiple of those they really need (robustness).",
 )
+@click.option(
+    "--time-scale",
+    default=1.0,
+    show_default=True,
+    type=params.Number(0.0001, 1.0),
+    help="Every job does this fraction of its work (steps take their measured time; "
+    "start-up and resize costs are not scaled): a replay's time scale. Scale the "
+    "workload's arrival times with it.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
@@ -245,6 +254,7 @@ def simulate(
     engine: str,
     regime: str,
     declared_epochs: float,
+    time_scale: float,
     as_json: bool,
     plot: Path | None,
     keep_state: Path | None,
@@ -256,7 +266,7 @@ def simulate(
     """
     names = _policies(policy)
     try:
-        apps = load_apps(data)
+        apps = scale_apps(load_apps(data), time_scale)
     except TraceError as exc:
         raise click.ClickException(str(exc)) from None
     root = data or default_data_dir()

@@ -51,8 +51,9 @@ class SimJob:
     """(CPUs per GPU, GPUs, micro-batch) -> (seconds per micro-step, input wait of it)."""
     segment: tuple[float, float, float, float] | None = None
     """(start, progress then, goodput, time reached) of the stretch of steady training the
-    job is in: an epoch ends a whole number of seconds after the stretch began, however
-    the stretch is cut into calls of :meth:`step`."""
+    job is in: an epoch ends a whole number of seconds (its application's
+    ``epoch_grain_s``) after the stretch began, however the stretch is cut into calls of
+    :meth:`step`."""
 
     @property
     def gpus(self) -> int:
@@ -102,7 +103,7 @@ class SimJob:
             if steady and seg is not None and now is not None and abs(seg[3] - now) <= 1e-6:
                 t0, p0 = seg[0] - now, seg[1]  # the epoch's end was fixed when it began
             seg = None
-            t = t0 + max(float(round((nxt - p0) / goodput)), 0.0)
+            t = t0 + max(_grained((nxt - p0) / goodput, app.epoch_grain_s), 0.0)
             t = max(t, 0.0)
             progress = nxt
         return t
@@ -142,7 +143,7 @@ class SimJob:
             if seg is None or seg[2] != goodput or abs(seg[3] - t) > 1e-6:
                 seg = (t, self.progress, goodput, t)  # a new stretch: from here, at this speed
             t0, p0 = seg[0], seg[1]
-            end = t0 + max(float(round((nxt - p0) / goodput)), 0.0)  # whole seconds
+            end = t0 + max(_grained((nxt - p0) / goodput, app.epoch_grain_s), 0.0)
             if end > t + seconds:
                 self.progress = p0 + goodput * (t + seconds - t0)
                 used = seconds
@@ -308,6 +309,12 @@ class SimCluster:
         if placement == j.placement and j.cpus_per_gpu > 0:
             return j.cpus_per_gpu
         return min(self.node_cpus[n] // max(self.node_gpus[n], 1) for n, _ in placement)
+
+
+def _grained(seconds: float, grain: float) -> float:
+    """``seconds`` rounded to a whole number of ``grain`` (an epoch's length: whole seconds,
+    a replay's time scale of them)."""
+    return float(round(seconds / grain)) * grain
 
 
 def _cpu_samples(j: SimJob) -> tuple[CpuSample, ...]:

@@ -14,8 +14,10 @@ One :class:`AppTrace` per application directory under ``traces/``:
 
 from __future__ import annotations
 
+import copy
 import csv
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,6 +111,11 @@ class AppTrace:
         for e in range(1, self.epochs + 1):
             ends.append(min(float(v.progress[e - 1]) for v in vals))
         self.epoch_end = np.array(ends)
+        self.epoch_grain_s = 1.0
+        """An epoch lasts a whole number of these seconds in the simulator's model."""
+        self.work_scale = 1.0
+        """Every epoch's work (its progress) as a multiple of the measured one: see
+        :meth:`scaled`."""
 
         prow = _read_csv(trace_dir / "placements.csv")
         self._placements: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
@@ -148,6 +155,19 @@ class AppTrace:
         self._cache: dict[tuple[tuple[int, ...], int], tuple[float, float]] = {}
         self._grad: dict[tuple[float, int], tuple[float, float]] = {}
         self._norm: dict[tuple[int, ...], tuple[int, ...]] = {}
+
+    def scaled(self, factor: float) -> AppTrace:
+        """This application with ``factor`` times the work in every epoch (a replay's time
+        scale): steps take what they take, their statistical gain is unchanged, and an
+        epoch (so a job) ends after ``factor`` times as many of them. Start-up and resize
+        costs, which a real pool pays in wall time, are not scaled."""
+        if not 0 < factor <= 1:
+            raise TraceError(f"a time scale must be in (0, 1], got {factor:g}")
+        out = copy.copy(self)
+        out.work_scale = self.work_scale * factor
+        out.epoch_grain_s = self.epoch_grain_s * factor
+        out.epoch_end = self.epoch_end * factor
+        return out
 
     # -- throughput ---------------------------------------------------------------------
     def step_time(self, placement: tuple[int, ...], micro_batch: int) -> tuple[float, float]:
@@ -222,7 +242,7 @@ class AppTrace:
     @property
     def progress_per_epoch_hint(self) -> float:
         """What a job knows up front: one pass over its data at the initial batch."""
-        return float(self.validation[0].progress[0])
+        return float(self.validation[0].progress[0]) * self.work_scale
 
 
 BUNDLED_DATA = Path(__file__).resolve().parent / "data" / "pollux"
@@ -257,3 +277,11 @@ def load_apps(data_dir: Path | None = None) -> dict[str, AppTrace]:
         raise TraceError(f"no application traces under {tdir}")
     _APPS[root] = apps
     return apps
+
+
+def scale_apps(apps: Mapping[str, AppTrace], factor: float) -> dict[str, AppTrace]:
+    """Every application of ``apps`` with ``factor`` times its work (:meth:`AppTrace.scaled`);
+    ``apps`` itself when ``factor`` is 1."""
+    if factor == 1:
+        return dict(apps)
+    return {name: app.scaled(factor) for name, app in apps.items()}
