@@ -79,7 +79,8 @@ def observe(
         out.events.append("cancelled: by its user or an admin")
     elif job.state == "COMPLETED" and job.exit_code == 0:
         _set_phase(rec, "done", now, "finished")
-        rec.finished_at = now
+        # when Slurm saw it end (its JCT), not the cycle that noticed it
+        rec.finished_at = job.end_time if 0 < job.end_time <= now else now
         rec.exit_code = 0
         out.events.append("done: training finished")
     elif job.ended:
