@@ -1,15 +1,18 @@
 """What keeps the pool the controller's, as the loop sees it each cycle: its holds made
 admin holds (a job's owner cannot release them), and the jobs it did not place, named once
-in the log and kept for ``hpcorch status``. The cluster side that counts their GPUs as
-taken is hpcorch/slurm/cluster.py; docs/admin-guide.md has the whole design."""
+in the log and kept for ``hpcorch status``; and a check, every cycle, that the GPUs its
+jobs hold on each node, as it sees them, are the GPUs Slurm shows in use there. The cluster
+side that counts their GPUs as taken is hpcorch/slurm/cluster.py; docs/admin-guide.md has
+the whole design."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from hpcorch.cluster import Observation, ObservedJob
+from hpcorch.cluster import Observation, ObservedJob, PoolNode
 from hpcorch.controller.actions import Action
+from hpcorch.controller.snapshot import placement_of
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import printable
 
@@ -21,6 +24,10 @@ class PoolGuard:
         """Jobs not placed by the controller already warned about."""
         self._holds_sent: set[int] = set()
         """Jobs whose user hold the last cycle turned into the controller's own hold."""
+        self.view_mismatches = 0
+        """Cycles in which the GPUs in use on a node differed from what the controller's
+        jobs hold there (stored as the meta key ``gpu_view_mismatches``)."""
+        self._view_said: str = ""
         self.admin_holds: bool | None = None
         """Whether the controller's holds are admin holds a user cannot release (None: not
         seen yet; False: Slurm records them as user holds, the controller is no operator)."""
@@ -74,3 +81,27 @@ class PoolGuard:
             )
         self._foreign_seen = ids
         return json.dumps(rows)
+
+    def gpu_view(self, nodes: Sequence[PoolNode], records: Sequence[JobRecord]) -> None:
+        """Whether each usable node's GPUs in use, as Slurm shows them, are what the
+        controller counts held there: its running (or stopping) jobs where Slurm shows them,
+        and the jobs it did not place. A difference means the policy plans GPUs Slurm does
+        not have free (a launch left pending) or leaves free ones idle: counted, and said
+        once per distinct difference."""
+        index = {n.name: i for i, n in enumerate(nodes)}
+        held = [n.gpus_foreign for n in nodes]
+        for rec in records:
+            if rec.phase in ("running", "stopping"):
+                for i, g in placement_of(rec, index).items():
+                    held[i] += g
+        diff = [
+            f"{n.name} {n.gpus_used} in use, {h} held by its jobs"
+            for n, h in zip(nodes, held, strict=True)
+            if n.usable and n.gpus_used != h
+        ]
+        said = "; ".join(diff)
+        if diff:
+            self.view_mismatches += 1
+            if said != self._view_said:
+                self.warn(f"the GPUs Slurm shows in use differ from the controller's: {said}")
+        self._view_said = said

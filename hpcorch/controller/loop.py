@@ -177,13 +177,15 @@ class Controller:
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
         ends += "\n" + self.guard.foreign(obs)
+        self.guard.gpu_view(obs.nodes, records)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
             self.records.write(unstorable)
             self.store.add_cycle(stats)
-            meta = pool + "\n" + ends
+            meta = pool + "\n" + ends + "\n" + str(self.guard.view_mismatches)
             if meta != self._pool_meta:
+                self.store.set_meta("gpu_view_mismatches", str(self.guard.view_mismatches))
                 self.store.set_meta("pool", pool)
                 end, _, foreign = ends.partition("\n")
                 self.store.set_meta("reservation_end", end)
