@@ -1,0 +1,167 @@
+"""What a replay on the real pool measured (benchmarks/replay.py): the run's figures, as
+`hpcorch simulate` computes them for its own run, and the cost of each part of a launch.
+
+Read from the controller's store (its jobs and decisions), the jobs' own metrics lines and
+the times the replay's poller first saw each launch RUNNING in Slurm.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+POOL_GPUS = 16
+
+
+def _rows(state_db: Path, sql: str) -> list[dict[str, Any]]:
+    db = sqlite3.connect(f"file:{state_db}?mode=ro", uri=True, timeout=10)
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in db.execute(sql)]
+    finally:
+        db.close()
+
+
+def _starts(decisions: list[dict[str, Any]], jid: int) -> list[float]:
+    return sorted(
+        float(d["done_at"] or d["time"])
+        for d in decisions
+        if int(d["slurm_id"]) == jid and d["action"] == "start" and d["status"] == "done"
+    )
+
+
+def planned_waits(
+    decisions: list[dict[str, Any]], running: dict[int, list[float]], end: float
+) -> list[float]:
+    """Seconds each launch the controller released stayed pending in Slurm: to the first
+    time Slurm showed the job RUNNING after the release (the poller's 2 s), else to the
+    controller's next decision on the job (a launch held again and planned afresh)."""
+    waits = []
+    for jid in {int(d["slurm_id"]) for d in decisions}:
+        mine = sorted(
+            (float(d["done_at"] or d["time"]), str(d["action"]))
+            for d in decisions
+            if int(d["slurm_id"]) == jid and d["status"] == "done"
+        )
+        seen = sorted(running.get(jid, []))
+        for k, (t, action) in enumerate(mine):
+            if action != "start":
+                continue
+            nxt = mine[k + 1][0] if k + 1 < len(mine) else end
+            ran = next((r for r in seen if r >= t - 1.0), None)
+            waits.append(max(0.0, (min(ran, nxt) if ran is not None else nxt) - t))
+    return waits
+
+
+def real_summary(
+    state_db: Path, t0: float, ids: list[int], running: dict[int, list[float]]
+) -> dict[str, Any]:
+    """avg and p99 JCT, makespan (from the replay's start), restarts per job (launches - 1),
+    GPU utilisation (GPU-seconds held over the pool's from the first arrival to the last
+    completion) and the longest planned launch's wait in Slurm, as the simulator's."""
+    jobs = [j for j in _rows(state_db, "SELECT * FROM jobs") if int(j["slurm_id"]) in ids]
+    decisions = _rows(state_db, "SELECT * FROM decisions")
+    done = [j for j in jobs if j["phase"] == "done" and float(j["finished_at"]) > 0]
+    jcts = np.array([float(j["finished_at"]) - float(j["submit_time"]) for j in done] or [0.0])
+    ends = [float(j["finished_at"]) for j in done] or [t0]
+    makespan = max(ends) - t0
+    first = min((float(j["submit_time"]) for j in jobs), default=t0) - t0
+    used = sum(float(j["gpu_seconds"]) for j in jobs)
+    span = max(makespan - first, 1e-9)
+    waits = planned_waits(decisions, running, max(ends))
+    return {
+        "avg_jct": float(jcts.mean()),
+        "p99_jct": float(np.percentile(jcts, 99)),
+        "makespan": float(makespan),
+        "restarts_per_job": float(np.mean([max(int(j["launches"]) - 1, 0) for j in jobs] or [0])),
+        "gpu_utilisation": float(used / (span * POOL_GPUS)),
+        "max_wait_planned_s": round(max(waits, default=0.0), 1),
+        "launches": int(sum(int(j["launches"]) for j in jobs)),
+        "resizes": int(sum(int(j["resizes"]) for j in jobs)),
+    }
+
+
+def _lines(job_dir: str) -> list[dict[str, Any]]:
+    out = []
+    for name in ("metrics.jsonl.1", "metrics.jsonl"):
+        path = Path(job_dir) / name
+        if not path.is_file():
+            continue
+        for raw in path.read_text(errors="replace").splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict):
+                out.append(line)
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    if not xs:
+        return {"n": 0}
+    a = np.array(xs)
+    return {
+        "n": len(xs),
+        "median": round(float(np.median(a)), 2),
+        "mean": round(float(a.mean()), 2),
+        "min": round(float(a.min()), 2),
+        "max": round(float(a.max()), 2),
+    }
+
+
+def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+    """Each part of a launch and of a resize, in seconds, over every launch of the run:
+
+    * checkpoint: the job's signal received -> its checkpoint written (its own clock);
+    * exit_to_requeue: checkpoint written -> the controller's requeue (the exit seen);
+    * requeue_to_release: requeue -> the relaunch released (the relaunch delay);
+    * release_to_running: release -> Slurm shows it RUNNING (the poller, 2 s);
+    * running_to_first_step: RUNNING -> the first training step (batch script, Python,
+      torch, process group, checkpoint read);
+    * startup: release -> first step, what the simulator's ``startup_s`` stands for.
+    """
+    jobs = _rows(state_db, "SELECT slurm_id, job_dir FROM jobs")
+    decisions = _rows(state_db, "SELECT * FROM decisions WHERE status = 'done'")
+    parts: dict[str, list[float]] = {
+        k: []
+        for k in (
+            "checkpoint", "exit_to_requeue", "requeue_to_release", "release_to_running",
+            "running_to_first_step", "startup",
+        )
+    }  # fmt: skip
+    for j in jobs:
+        jid = int(j["slurm_id"])
+        lines = _lines(str(j["job_dir"]))
+        firsts = sorted(float(x["time"]) for x in lines if x.get("event") == "first_step")
+        ckpts = [x for x in lines if x.get("event") == "checkpoint" and x.get("reason") == "signal"]
+        mine = [d for d in decisions if int(d["slurm_id"]) == jid]
+        requeues = sorted(
+            float(d["done_at"] or d["time"]) for d in mine if d["action"] == "requeue_hold"
+        )
+        seen = sorted(running.get(jid, []))
+        for t in _starts(decisions, jid):
+            step = next((f for f in firsts if f > t), None)
+            ran = next((r for r in seen if r >= t - 1.0), None)
+            if step is not None:
+                parts["startup"].append(step - t)
+            if ran is not None:
+                parts["release_to_running"].append(max(0.0, ran - t))
+                if step is not None and step >= ran:
+                    parts["running_to_first_step"].append(step - ran)
+        for c in ckpts:
+            sig, written = c.get("signal_time"), c.get("written_time")
+            if isinstance(sig, int | float) and isinstance(written, int | float):
+                parts["checkpoint"].append(max(0.0, written - sig))
+            if isinstance(written, int | float):
+                rq = next((r for r in requeues if r >= written), None)
+                if rq is not None:
+                    parts["exit_to_requeue"].append(rq - written)
+                    rel = next((t for t in _starts(decisions, jid) if t >= rq), None)
+                    if rel is not None:
+                        parts["requeue_to_release"].append(rel - rq)
+    return {k: _stats(v) for k, v in parts.items()}
