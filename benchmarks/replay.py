@@ -328,7 +328,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         1 for s in submitted if watch.states.get(s.slurm_id) in ("COMPLETED", None)
         and phases(ctl / "state.db").get(s.slurm_id) == "done"
     )  # fmt: skip
-    sim = simulate(workload, args)
     doc = {
         "workload": args.workload,
         "jobs": len(jobs),
@@ -336,19 +335,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "slurm_version": version.split()[-1] if version else args.slurm,
         "policy": args.policy,
         "round_s": args.round,
-        "commit": subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip(),
+        "restart_cost_s": args.restart_cost,
         "users": users,
         "real": real,
-        "sim": {k: sim[k] for k in ("avg_jct", "p99_jct", "makespan", "restarts_per_job")}
-        | {"gpu_utilisation": sim["utilization"]},
         "costs": launch_costs(ctl / "state.db", watch.running),
     }
-    doc["targets"] = check(doc)
+    compare(doc, workload, args)
     if args.picture:
         subprocess.run(
             [sys.executable, "-m", "hpcorch", "report", str(ctl), "--out", args.picture,
@@ -356,6 +348,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             capture_output=True, check=False,
         )  # fmt: skip
     return doc
+
+
+def compare(doc: dict[str, Any], workload: Path, args: argparse.Namespace) -> None:
+    """``hpcorch simulate`` of the replayed jobs into ``doc``, with the targets met."""
+    sim = simulate(workload, args)
+    doc["commit"] = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    doc["sim"] = {k: sim[k] for k in ("avg_jct", "p99_jct", "makespan", "restarts_per_job")}
+    doc["sim"]["gpu_utilisation"] = sim["utilization"]
+    doc["targets"] = check(doc)
 
 
 def check(doc: dict[str, Any]) -> dict[str, bool]:
@@ -412,14 +418,27 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=3600.0)
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "replay.json"))
     p.add_argument("--picture", default=str(REPO / "benchmarks" / "results" / "replay.png"))
+    p.add_argument(
+        "--resimulate",
+        metavar="JSON",
+        help="no real run: simulate the jobs of --work again and compare with this "
+        "replay.json's real side (after a change to the simulator)",
+    )
     args = p.parse_args()
     if not args.restart_cost:
         from hpcorch.sim.costs import ResizeCost
 
         args.restart_cost = ResizeCost().total
-    if os.geteuid() != 0:
+    if os.geteuid() != 0 and not args.resimulate:
         raise SystemExit("replay: needs root (it creates the users and submits as them)")
-    doc = run(args)
+    if args.resimulate:  # the real run as it was, the simulator as it is now
+        doc = json.loads(Path(args.resimulate).read_text())
+        for key in ("workload", "time_scale", "policy"):
+            setattr(args, key, doc[key])
+        args.round = doc.get("round_s", args.round)
+        compare(doc, Path(args.work).resolve() / "workload.csv", args)
+    else:
+        doc = run(args)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(table(doc))
     print(f"written: {args.out}" + (f", {args.picture}" if args.picture else ""))

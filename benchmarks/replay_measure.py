@@ -73,6 +73,7 @@ def real_summary(
     used = sum(float(j["gpu_seconds"]) for j in jobs)
     span = max(makespan - first, 1e-9)
     waits = planned_waits(decisions, running, max(ends))
+    meta = {r["key"]: r["value"] for r in _rows(state_db, "SELECT key, value FROM meta")}
     return {
         "avg_jct": float(jcts.mean()),
         "p99_jct": float(np.percentile(jcts, 99)),
@@ -82,6 +83,8 @@ def real_summary(
         "max_wait_planned_s": round(max(waits, default=0.0), 1),
         "launches": int(sum(int(j["launches"]) for j in jobs)),
         "resizes": int(sum(int(j["resizes"]) for j in jobs)),
+        # cycles in which the controller's view of a node's GPUs was not Slurm's
+        "gpu_view_mismatches": int(meta.get("gpu_view_mismatches", "0") or 0),
     }
 
 
