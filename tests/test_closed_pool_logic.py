@@ -10,9 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcorch.cluster import ForeignJob, Observation, PoolNode
+from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.logs import disk_full
 from hpcorch.controller.loop import Controller
-from hpcorch.controller.store import Store
+from hpcorch.controller.store import JobRecord, Store
 from hpcorch.policy.share import SharePolicy
 from hpcorch.protocol import EXIT_UNPLANNED
 from tests.test_controller_logic import CFG, FakeCluster
@@ -203,3 +204,31 @@ def test_a_full_state_directory_is_said_once_and_nothing_is_done(tmp_path: Path)
 def test_pool_nodes_default_to_no_foreign_gpus() -> None:
     n = PoolNode("n1", 4, 0, True)
     assert n.gpus_foreign == 0 and n.cpus_foreign == 0
+
+
+def test_the_gpu_view_is_checked_against_slurms_every_cycle() -> None:
+    """A node whose GPUs in use differ from what the controller's running jobs hold there
+    counts when it differs in two observations in a row (one is a launch or an end seen
+    between Slurm's two reads), and is said once while it stays the same."""
+    said: list[str] = []
+    guard = PoolGuard(said.append)
+    job = JobRecord(
+        7, "k", "a", "alice", "/d", "", 1, 4, 32, 32, 32, 0.0, "running", 0.0,
+        gpus=2, nodes=1, node_list="n2", node_gpus="2",
+    )  # fmt: skip
+    nodes = [PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, True)]
+    guard.gpu_view(nodes, [job])
+    assert guard.view_mismatches == 0 and not said
+    ended = replace(job, phase="done")  # Slurm still shows its GPUs in use
+    guard.gpu_view(nodes, [ended])
+    assert guard.view_mismatches == 0  # once: a read between two commands
+    guard.gpu_view(nodes, [ended])
+    guard.gpu_view(nodes, [ended])
+    assert guard.view_mismatches == 2
+    assert said == [
+        "the GPUs Slurm shows in use differ from the controller's: n2 2 in use, 0 held by its jobs"
+    ]
+    foreign = [PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, True, gpus_foreign=2)]
+    guard.gpu_view(foreign, [ended])  # a job the controller did not place holds them
+    guard.gpu_view([PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, False)], [ended])
+    assert guard.view_mismatches == 2  # counted as taken; a down node is not compared

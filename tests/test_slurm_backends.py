@@ -66,9 +66,10 @@ def test_cli_actions_are_the_scontrol_commands() -> None:
          "TresPerNode=gres:gpu:4", "ReqNodeList=n1,n2"],
         ["scontrol", "update", "jobid=12", "NumNodes=1-1", "TresPerJob=",
          "TresPerNode=gres:gpu:2", "ReqNodeList="],
-        # uneven: one GPU count for the job on exactly these nodes; its CPUs spread evenly
+        # uneven: one GPU count for the job on exactly these nodes; its CPUs spread evenly,
+        # the leanest node's (2 GPUs x 2) on each
         ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerNode=",
-         "TresPerJob=gres:gpu:6", "MinCPUsNode=6", "NumCPUs=12", "ReqNodeList=n3,n1"],
+         "TresPerJob=gres:gpu:6", "MinCPUsNode=4", "NumCPUs=8", "ReqNodeList=n3,n1"],
         ["scontrol", "update", "jobid=12", "NumNodes=2-2", "TresPerJob=",
          "TresPerNode=gres:gpu:2", "MinCPUsNode=6", "NumCPUs=12", "ReqNodeList=n1,n2"],
         ["scontrol", "update", "jobid=12", "StartTime=now"],

@@ -28,6 +28,8 @@ class PoolGuard:
         """Cycles in which the GPUs in use on a node differed from what the controller's
         jobs hold there (stored as the meta key ``gpu_view_mismatches``)."""
         self._view_said: str = ""
+        self._view_prev: set[str] = set()
+        """Nodes whose GPUs in use differed in the last observation."""
         self.admin_holds: bool | None = None
         """Whether the controller's holds are admin holds a user cannot release (None: not
         seen yet; False: Slurm records them as user holds, the controller is no operator)."""
@@ -87,18 +89,22 @@ class PoolGuard:
         controller counts held there: its running (or stopping) jobs where Slurm shows them,
         and the jobs it did not place. A difference means the policy plans GPUs Slurm does
         not have free (a launch left pending) or leaves free ones idle: counted, and said
-        once per distinct difference."""
+        once per distinct difference. Slurm's jobs and nodes are read by two commands, so a
+        launch or an end between them shows once: a node counts when it differs in two
+        observations in a row."""
         index = {n.name: i for i, n in enumerate(nodes)}
         held = [n.gpus_foreign for n in nodes]
         for rec in records:
             if rec.phase in ("running", "stopping"):
                 for i, g in placement_of(rec, index).items():
                     held[i] += g
-        diff = [
-            f"{n.name} {n.gpus_used} in use, {h} held by its jobs"
+        now = {
+            n.name: f"{n.name} {n.gpus_used} in use, {h} held by its jobs"
             for n, h in zip(nodes, held, strict=True)
             if n.usable and n.gpus_used != h
-        ]
+        }
+        diff = [text for name, text in now.items() if name in self._view_prev]
+        self._view_prev = set(now)
         said = "; ".join(diff)
         if diff:
             self.view_mismatches += 1

@@ -375,10 +375,13 @@ def shape_args(
     (a job started at 4 GPUs x 2 CPUs and reshaped to 2 GPUs still needed 8 CPUs on 4
     cores: pending for Resources on an idle node). The job's CPUs are its per-node minimum
     ``MinCPUsNode`` (the GPUs' CPUs on each node) and its total ``NumCPUs``. For an uneven
-    job Slurm spreads the total over its nodes itself (evenly on the local pool: 3 and 3
-    for 4+2 GPUs at 1 per GPU), and a per-node minimum above that average left the job
-    pending while another job held GPUs on one of its nodes; so the minimum is that
-    average, and the job wrapper gives every task the CPUs per GPU of the leanest node.
+    job Slurm spreads the total over its nodes itself, evenly (3 and 3 for 4+2 GPUs at 1
+    per GPU), whatever the per-node minimum: a total planned as the GPUs' CPUs put more on
+    the node with the fewest GPUs than the plan left free there (3+4+4 GPUs at 2 per GPU:
+    22 CPUs, 7 on a node with 6 free, pending for Resources while its GPUs sat idle; the
+    real-pool replay). So an uneven job asks for the CPUs of its leanest node on every
+    node (2 x 3 = 6 there, 18 in all): it fits wherever its GPUs were planned, and the job
+    wrapper gives every task the CPUs per GPU of the leanest node.
     """
     counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
     uneven = len(set(counts)) > 1
@@ -388,8 +391,8 @@ def shape_args(
         gres = ["TresPerJob=", f"TresPerNode=gres:gpu:{gpus_per_node}"]
     cpus = []
     if cpus_per_gpu > 0:
-        total = cpus_per_gpu * sum(counts)
-        least = total // len(counts) if uneven else cpus_per_gpu * max(counts)
+        least = cpus_per_gpu * min(counts)
+        total = least * len(counts) if uneven else cpus_per_gpu * sum(counts)
         cpus = [f"MinCPUsNode={max(1, least)}", f"NumCPUs={total}"]
     return [f"NumNodes={nodes}-{nodes}", *gres, *cpus, f"ReqNodeList={','.join(node_names)}"]
 
