@@ -100,6 +100,9 @@ def main() -> None:
     # its batch over the initial one): enough of them that the loop never ends first
     passes = app.epochs * max(1, app.max_batch // app.init_batch) + 1
     deadline = time.monotonic()
+    if emu["epoch"] >= app.epochs:  # resumed from its final checkpoint: nothing left
+        job.finish()
+        return
     for step in job.steps(range(samples), epochs=passes, shuffle=False):
         b = job.batch
         micro = min(max(b.micro_batch, app.min_micro), app.max_micro)
@@ -117,10 +120,7 @@ def main() -> None:
             emu["epoch"] += 1
             if emu["epoch"] >= app.epochs:
                 break
-    job.checkpoint(reason="done")
-    job.metrics.event("done", step=job.global_step)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    job.finish()
 
 
 def _report_as_simulated(job: hr.ElasticJob, app: AppTrace, emu: dict[str, Any]) -> None:

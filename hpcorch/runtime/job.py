@@ -410,6 +410,12 @@ class ElasticJob:
         if self.offset >= self._dataset_size:
             self.epoch, self.offset = self.epoch + 1, 0
 
+    def finish(self) -> None:
+        """End training after leaving :meth:`steps` with ``break`` (a target reached, early
+        stopping) as the loop's own end does: the final checkpoint (``final_checkpoint``),
+        every rank at a barrier, the ``done`` report. Collective: every rank calls it."""
+        self._finish()
+
     def _finish(self) -> None:
         if self.final_checkpoint:
             self.checkpoint(reason="done")

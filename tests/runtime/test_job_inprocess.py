@@ -117,6 +117,29 @@ def test_max_steps_ends_training_with_a_final_checkpoint(one_rank: Path) -> None
     assert '"event": "done"' in (one_rank / "metrics.jsonl").read_text()
 
 
+def test_finish_after_break_ends_training_as_the_loop_does(one_rank: Path) -> None:
+    """A script that stops at a target of its own leaves the loop with break and calls
+    finish(): the step it left after counts, the final checkpoint is at it, the heartbeat
+    says done (what the job wrapper counts a launch finished by) and so does the report."""
+    job = hr.init(global_batch=16, max_micro_batch=16)
+    model = job.wrap(torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    job.track(model, opt)
+    for step in job.steps(data(), epochs=5):
+        for x, y in step:
+            step.backward(torch.nn.functional.mse_loss(model(x), y))
+        opt.step()
+        opt.zero_grad()
+        if job.global_step == 3:  # the 4th step's update is done: it counts
+            break
+    assert job.global_step == 4 and not (one_rank / "checkpoints").exists()
+    job.finish()
+    assert ckpt.find_latest(one_rank / "checkpoints").step == 4
+    assert '"state": "done"' in (one_rank / "heartbeat").read_text()
+    lines = (one_rank / "metrics.jsonl").read_text().splitlines()
+    assert '"event": "done"' in lines[-1] and '"step": 4' in lines[-1]
+
+
 def test_checkpoint_without_its_fields_is_one_clear_error(
     one_rank: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
