@@ -208,8 +208,9 @@ def test_pool_nodes_default_to_no_foreign_gpus() -> None:
 
 def test_the_gpu_view_is_checked_against_slurms_every_cycle() -> None:
     """A node whose GPUs in use differ from what the controller's running jobs hold there
-    counts when it differs in two observations in a row (one is a launch or an end seen
-    between Slurm's two reads), and is said once while it stays the same."""
+    counts once it has differed for 10 s without a break (a launch or an end seen between
+    Slurm's two reads, a node completing an ended job, last less), and is said once while
+    the difference stays the same."""
     said: list[str] = []
     guard = PoolGuard(said.append)
     job = JobRecord(
@@ -217,18 +218,21 @@ def test_the_gpu_view_is_checked_against_slurms_every_cycle() -> None:
         gpus=2, nodes=1, node_list="n2", node_gpus="2",
     )  # fmt: skip
     nodes = [PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, True)]
-    guard.gpu_view(nodes, [job])
+    guard.gpu_view(nodes, [job], 100.0)
     assert guard.view_mismatches == 0 and not said
     ended = replace(job, phase="done")  # Slurm still shows its GPUs in use
-    guard.gpu_view(nodes, [ended])
-    assert guard.view_mismatches == 0  # once: a read between two commands
-    guard.gpu_view(nodes, [ended])
-    guard.gpu_view(nodes, [ended])
+    for t in (101.0, 105.0, 110.9):
+        guard.gpu_view(nodes, [ended], t)
+    guard.gpu_view(nodes, [job], 111.0)  # a break: the difference starts again
+    guard.gpu_view(nodes, [ended], 112.0)
+    assert guard.view_mismatches == 0
+    for t in (115.0, 122.0, 125.0):
+        guard.gpu_view(nodes, [ended], t)
     assert guard.view_mismatches == 2
     assert said == [
         "the GPUs Slurm shows in use differ from the controller's: n2 2 in use, 0 held by its jobs"
     ]
     foreign = [PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, True, gpus_foreign=2)]
-    guard.gpu_view(foreign, [ended])  # a job the controller did not place holds them
-    guard.gpu_view([PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, False)], [ended])
+    guard.gpu_view(foreign, [ended], 130.0)  # a job the controller did not place holds them
+    guard.gpu_view([PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, False)], [ended], 140.0)
     assert guard.view_mismatches == 2  # counted as taken; a down node is not compared

@@ -16,6 +16,10 @@ from hpcorch.controller.snapshot import placement_of
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import printable
 
+VIEW_GRACE_S = 10.0
+"""How long a node's GPUs in use may differ from the controller's view before it counts:
+a launch or an end between Slurm's two reads, a node completing an ended job."""
+
 
 class PoolGuard:
     def __init__(self, warn: Callable[[str], None]) -> None:
@@ -28,8 +32,8 @@ class PoolGuard:
         """Cycles in which the GPUs in use on a node differed from what the controller's
         jobs hold there (stored as the meta key ``gpu_view_mismatches``)."""
         self._view_said: str = ""
-        self._view_prev: set[str] = set()
-        """Nodes whose GPUs in use differed in the last observation."""
+        self._view_since: dict[str, float] = {}
+        """Since when each node's GPUs in use have differed, without a break."""
         self.admin_holds: bool | None = None
         """Whether the controller's holds are admin holds a user cannot release (None: not
         seen yet; False: Slurm records them as user holds, the controller is no operator)."""
@@ -84,27 +88,27 @@ class PoolGuard:
         self._foreign_seen = ids
         return json.dumps(rows)
 
-    def gpu_view(self, nodes: Sequence[PoolNode], records: Sequence[JobRecord]) -> None:
+    def gpu_view(self, nodes: Sequence[PoolNode], records: Sequence[JobRecord], now: float) -> None:
         """Whether each usable node's GPUs in use, as Slurm shows them, are what the
         controller counts held there: its running (or stopping) jobs where Slurm shows them,
         and the jobs it did not place. A difference means the policy plans GPUs Slurm does
         not have free (a launch left pending) or leaves free ones idle: counted, and said
-        once per distinct difference. Slurm's jobs and nodes are read by two commands, so a
-        launch or an end between them shows once: a node counts when it differs in two
-        observations in a row."""
+        once per distinct difference. Slurm's jobs and nodes are read by two commands, and a
+        job that ended holds its GPUs while its node completes it (seconds): a node counts
+        once it has differed for ``VIEW_GRACE_S`` without a break."""
         index = {n.name: i for i, n in enumerate(nodes)}
         held = [n.gpus_foreign for n in nodes]
         for rec in records:
             if rec.phase in ("running", "stopping"):
                 for i, g in placement_of(rec, index).items():
                     held[i] += g
-        now = {
+        differs = {
             n.name: f"{n.name} {n.gpus_used} in use, {h} held by its jobs"
             for n, h in zip(nodes, held, strict=True)
             if n.usable and n.gpus_used != h
         }
-        diff = [text for name, text in now.items() if name in self._view_prev]
-        self._view_prev = set(now)
+        self._view_since = {n: self._view_since.get(n, now) for n in differs}
+        diff = [t for n, t in differs.items() if now - self._view_since[n] >= VIEW_GRACE_S]
         said = "; ".join(diff)
         if diff:
             self.view_mismatches += 1

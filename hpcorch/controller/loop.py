@@ -177,7 +177,7 @@ class Controller:
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
         ends += "\n" + self.guard.foreign(obs)
-        self.guard.gpu_view(obs.nodes, records)
+        self.guard.gpu_view(obs.nodes, records, now)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
