@@ -8,7 +8,15 @@ step times on the real runtime; `hpcorch simulate --time-scale F`). Start-up, ch
 and requeue costs are paid in full on both sides: they are what the comparison is about.
 
     python benchmarks/replay.py                      # 40 jobs, F = 0.05, Slurm 22.05, ones
-    python benchmarks/replay.py --slurm 25.11
+    python benchmarks/replay.py --slurm 25.11 --startup-s 8
+    python benchmarks/replay.py --resimulate benchmarks/results/replay.json
+
+Both sides are told the same costs: the simulator charges hpcorch/sim/costs.py's parts with
+``--startup-s`` for a launch's start-up (released -> first training step), and the real
+controller's policy is told the resize cost they add up to. A start-up depends on the
+machine and the job (Python and torch in every rank; the emulated jobs load no data and
+init no GPU): the replay measures it (``costs.startup`` in replay.json), to give the next
+replay on the same pool.
 
 It brings up its own pool (4 nodes x 4 GPUs, slurm/pool), runs `hpcorch controller` on a
 reservation of all of it, submits every job with `hpcorch submit` at its scaled arrival
@@ -225,6 +233,7 @@ def simulate(workload: Path, args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, "-m", "hpcorch", "simulate", str(workload), "--policy", args.policy,
         "--nodes", str(NODES), "--gpus-per-node", str(GPUS), "--cpus-per-node", str(CPUS),
         "--round", f"{args.round:g}", "--time-scale", f"{args.time_scale:g}", "--json",
+        "--startup-s", f"{args.startup_s:g}",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout)["results"][0])
@@ -335,6 +344,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "slurm_version": version.split()[-1] if version else args.slurm,
         "policy": args.policy,
         "round_s": args.round,
+        "startup_s": args.startup_s,
         "restart_cost_s": args.restart_cost,
         "users": users,
         "real": real,
@@ -361,6 +371,7 @@ def compare(doc: dict[str, Any], workload: Path, args: argparse.Namespace) -> No
     ).stdout.strip()
     doc["sim"] = {k: sim[k] for k in ("avg_jct", "p99_jct", "makespan", "restarts_per_job")}
     doc["sim"]["gpu_utilisation"] = sim["utilization"]
+    doc["sim"]["startup_s"] = args.startup_s
     doc["targets"] = check(doc)
 
 
@@ -406,9 +417,14 @@ def main() -> None:
     p.add_argument("--time-scale", type=float, default=0.05)
     p.add_argument("--policy", default="ones")
     p.add_argument("--round", type=float, default=60.0, help="scheduling round, both sides")
-    p.add_argument("--restart-cost", type=float, default=0.0,
-                   help="what the controller's policy is told a resize costs "
-                   "[default: the simulator's, hpcorch/sim/costs.py]")  # fmt: skip
+    p.add_argument(
+        "--startup-s",
+        type=float,
+        default=0.0,
+        help="a launch's start-up (released -> first step) on this pool, as a replay measured "
+        "it (its costs.startup.median): the simulator charges it, and the controller's policy "
+        "is told the resize cost it makes [default: hpcorch/sim/costs.py's]",
+    )
     p.add_argument("--slurm", default="22.05")
     p.add_argument("--pool-dir", default=str(REPO / ".run" / "replay-pool"))
     p.add_argument("--port-base", type=int, default=18900)
@@ -425,10 +441,12 @@ def main() -> None:
         "replay.json's real side (after a change to the simulator)",
     )
     args = p.parse_args()
-    if not args.restart_cost:
-        from hpcorch.sim.costs import ResizeCost
+    from hpcorch.sim.costs import ResizeCost
 
-        args.restart_cost = ResizeCost().total
+    cost = ResizeCost()
+    given = args.startup_s
+    args.startup_s = args.startup_s or cost.startup_s
+    args.restart_cost = cost.total - cost.startup_s + args.startup_s
     if os.geteuid() != 0 and not args.resimulate:
         raise SystemExit("replay: needs root (it creates the users and submits as them)")
     if args.resimulate:  # the real run as it was, the simulator as it is now
@@ -436,6 +454,7 @@ def main() -> None:
         for key in ("workload", "time_scale", "policy"):
             setattr(args, key, doc[key])
         args.round = doc.get("round_s", args.round)
+        args.startup_s = given or doc.get("startup_s", args.startup_s)
         compare(doc, Path(args.work).resolve() / "workload.csv", args)
     else:
         doc = run(args)
