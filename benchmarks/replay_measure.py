@@ -8,6 +8,7 @@ the times the replay's poller first saw each launch RUNNING in Slurm.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -122,11 +123,14 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, d
 
     * checkpoint: the job's signal received -> its checkpoint written (its own clock);
     * exit_to_requeue: checkpoint written -> the controller's requeue (the exit seen);
-    * requeue_to_release: requeue -> the relaunch released (the relaunch delay);
+    * requeue_to_release: requeue -> the relaunch released (the relaunch delay; for a job
+      stopped to give its GPUs to others, its wait in the queue as well);
     * release_to_running: release -> Slurm shows it RUNNING (the poller, 2 s);
     * running_to_first_step: RUNNING -> the first training step (batch script, Python,
       torch, process group, checkpoint read);
     * startup: release -> first step, what the simulator's ``startup_s`` stands for.
+
+    A launch held again before it ran (Slurm kept it pending) has no parts after release.
     """
     jobs = _rows(state_db, "SELECT slurm_id, job_dir FROM jobs")
     decisions = _rows(state_db, "SELECT * FROM decisions WHERE status = 'done'")
@@ -147,9 +151,11 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, d
             float(d["done_at"] or d["time"]) for d in mine if d["action"] == "requeue_hold"
         )
         seen = sorted(running.get(jid, []))
+        acts = sorted(float(d["done_at"] or d["time"]) for d in mine)
         for t in _starts(decisions, jid):
-            step = next((f for f in firsts if f > t), None)
-            ran = next((r for r in seen if r >= t - 1.0), None)
+            nxt = next((a for a in acts if a > t), math.inf)  # held again: another launch
+            step = next((f for f in firsts if t < f < nxt), None)
+            ran = next((r for r in seen if t - 1.0 <= r < nxt), None)
             if step is not None:
                 parts["startup"].append(step - t)
             if ran is not None:
