@@ -144,6 +144,20 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="Resize cost: relaunch -> first training step (every start pays it).",
 )
 @click.option(
+    "--startup-per-gpu-s",
+    default=costs.STARTUP_PER_GPU_S,
+    show_default=True,
+    type=params.Number(0.0, 3600.0),
+    help="Resize cost: what each GPU's rank adds to a start-up (ranks that share CPUs).",
+)
+@click.option(
+    "--finish-s",
+    default=costs.FINISH_S,
+    show_default=True,
+    type=params.Number(0.0, 86400.0),
+    help="A job's last step -> its end in Slurm, holding its GPUs (final checkpoint, exit).",
+)
+@click.option(
     "--restart-cost",
     default=None,
     type=params.Number(0.0, 86400.0),
@@ -245,6 +259,8 @@ def simulate(
     exit_s: float,
     requeue_s: float,
     startup_s: float,
+    startup_per_gpu_s: float,
+    finish_s: float,
     restart_cost: float | None,
     cpus_per_node: int,
     cpu_demand: tuple[str, ...],
@@ -288,7 +304,7 @@ def simulate(
             "--restart-cost is for --engine direct; the controller engine charges "
             "--checkpoint-s, --exit-s, --requeue-s and --startup-s"
         )
-    cost = ResizeCost(checkpoint_s, exit_s, requeue_s, startup_s)
+    cost = ResizeCost(checkpoint_s, exit_s, requeue_s, startup_s, startup_per_gpu_s, finish_s)
     if keep_state is not None and engine != "controller":
         raise click.UsageError("--keep-state needs --engine controller")
     if keep_state is not None:

@@ -159,7 +159,8 @@ def simulate_controlled(
             name=j.model.spec.name,
             application=j.model.spec.application,
             submit_time=j.model.spec.time,
-            jct=(j.model.completion_time or 0.0) - j.model.spec.time,
+            # Slurm's end, as the real pool's JCT: the last step plus the job's finish
+            jct=(j.model.completion_time or 0.0) + cost.finish_s - j.model.spec.time,
             queueing_delay=(j.first_start if j.first_start is not None else j.model.spec.time)
             - j.model.spec.time,
             restarts=max(j.launches - 1, 0),

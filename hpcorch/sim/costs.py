@@ -32,6 +32,15 @@ every rank, the process group forms, the checkpoint is read (released->start 18.
 plus start->step 0.2-0.3 s measured; their mean)."""
 
 
+STARTUP_PER_GPU_S = 0.0
+"""What each GPU's rank adds to a launch's start-up: 0 in the published runs (a cluster's
+nodes start their ranks in parallel). On the 2-core local pool every rank imports Python
+and torch on the same two cores: the replay there (benchmarks/replay.py) measures it."""
+FINISH_S = 0.0
+"""A job's last step -> its end in Slurm (final checkpoint, the ranks leave, srun and the
+batch script end), holding its GPUs: 0 in the published runs; measured by the replay."""
+
+
 @dataclass(frozen=True)
 class ResizeCost:
     """Seconds each part of a resize takes (see the module's docstring)."""
@@ -40,6 +49,12 @@ class ResizeCost:
     exit_s: float = EXIT_S
     requeue_s: float = REQUEUE_S
     startup_s: float = STARTUP_S
+    startup_per_gpu_s: float = STARTUP_PER_GPU_S
+    finish_s: float = FINISH_S
+
+    def startup(self, gpus: int) -> float:
+        """Released -> first training step of a launch on ``gpus`` GPUs."""
+        return self.startup_s + self.startup_per_gpu_s * gpus
 
     @property
     def stop_s(self) -> float:
@@ -52,7 +67,10 @@ class ResizeCost:
         return self.checkpoint_s + self.exit_s + self.requeue_s + self.startup_s
 
     def describe(self) -> str:
+        per_gpu = f" (+ {self.startup_per_gpu_s:g} s per GPU)" if self.startup_per_gpu_s else ""
+        finish = f"; a job's end {self.finish_s:g} s after its last step" if self.finish_s else ""
         return (
             f"checkpoint {self.checkpoint_s:g} s + exit {self.exit_s:g} s + requeue "
-            f"{self.requeue_s:g} s + start-up {self.startup_s:g} s = {self.total:g} s"
+            f"{self.requeue_s:g} s + start-up {self.startup_s:g} s{per_gpu} = {self.total:g} s"
+            f"{finish}"
         )

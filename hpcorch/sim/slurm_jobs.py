@@ -65,7 +65,8 @@ class SlurmJob:
     end_time: float = 0.0
     first_start: float | None = None
     stop_at: float | None = None
-    """When a signalled job exits (it checkpoints until then)."""
+    """When a signalled job exits (it checkpoints until then), or a job past its last step
+    ends in Slurm (``cost.finish_s``)."""
     signalled_at: float = 0.0
     first_signal: float = 0.0
     training: bool = False

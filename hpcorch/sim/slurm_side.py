@@ -10,7 +10,7 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
   shape are free (at once when they are): exactly ``Shape.per_node`` GPUs on each of
   ``Shape.node_names`` (rank order) when the shape names them, else the even shape on the
   nodes Slurm picks; it reads the last plan written to its job directory, spends
-  ``cost.startup_s`` starting up (no progress) and then trains;
+  ``cost.startup(GPUs)`` starting up (no progress) and then trains;
 * ``signal_checkpoint``: the job stops training, checkpoints and exits with code 75
   (FAILED) ``cost.checkpoint_s + cost.exit_s`` later, holding its GPUs until then;
   ``requeue_hold`` puts an ended job back in the queue, held, restarts + 1 (a running one is
@@ -22,7 +22,8 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
   begins (epochs, dataset size), then ``steps`` lines at most every ``report_s`` seconds
   (measured step time at the current configuration, step count, epoch, batch split,
   samples/s and the gradient noise scale);
-* a job that reaches its last epoch exits 0 (COMPLETED) and frees its GPUs.
+* a job that reaches its last epoch exits 0 (COMPLETED) and frees its GPUs,
+  ``cost.finish_s`` after its last step (its final checkpoint and teardown).
 
 Ended jobs stay visible for ``min_job_age`` seconds, like Slurm's MinJobAge.
 :meth:`SimSlurm.next_event` tells a driver when the next thing a controller could see
@@ -294,6 +295,9 @@ class SimSlurm:
         while True:
             now = self.world.now
             for j in [r for r in self._running if r.stop_at is not None and r.stop_at <= now]:
+                if j.model.completion_time is not None:  # its last step was before: it ends
+                    self._end(j, "COMPLETED", EXIT_DONE, j.stop_at or now)
+                    continue
                 self._checkpoint(j)
                 self._end(j, "FAILED", EXIT_RELAUNCH, j.stop_at or now)
             self._dispatch()
@@ -334,7 +338,11 @@ class SimSlurm:
             if m.completion_time is not None:
                 self._report(j, m.completion_time, force=True)
                 self._line(j, m.completion_time, "done")
-                self._end(j, "COMPLETED", EXIT_DONE, m.completion_time)
+                if self.cost.finish_s > 0:  # ends in Slurm later, holding its GPUs till then
+                    j.stop_at = m.completion_time + self.cost.finish_s
+                    j.finish_at = INF
+                else:
+                    self._end(j, "COMPLETED", EXIT_DONE, m.completion_time)
             elif j.win_seconds > 0 and now + dt - j.last_line >= self.report_s:
                 self._report(j, now + dt)
 
@@ -407,8 +415,8 @@ class SimSlurm:
         self._running.append(j)
         m.placement = tuple(zip(nodes, counts, strict=True))
         self._set_batch(j, j.plan)
-        m.rescale_left = self.cost.startup_s
-        j.train_at = now + self.cost.startup_s
+        m.rescale_left = self.cost.startup(sum(counts))
+        j.train_at = now + m.rescale_left
         m.restarts += 1
         if m.start_time is None:
             m.start_time = now

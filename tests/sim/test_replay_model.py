@@ -63,3 +63,24 @@ def test_simulate_takes_a_time_scale_and_refuses_a_bad_one(small_workload: Path)
     assert scaled["avg_jct"] < full["avg_jct"]
     bad = runner.invoke(main, [*base, "--time-scale", "0"])
     assert bad.exit_code == 2 and "--time-scale" in bad.stderr
+
+
+def test_start_up_by_gpus_and_a_jobs_finish_are_charged(apps: dict[str, AppTrace]) -> None:
+    """What the real pool measured of a launch: a start-up that grows with the GPUs whose
+    ranks start (ranks that share CPUs), and a job's end in Slurm some seconds after its
+    last step (final checkpoint, teardown), its GPUs held until then."""
+    cfg = SimConfig(1, 4, 60.0, 24.5, cpus_per_node=48)
+    job = [WorkloadJob("c", 0.0, "cifar10", 4, 128)]
+    small = scale_apps(apps, 0.05)
+
+    def run(cost: ResizeCost) -> tuple[float, float]:
+        res = simulate_controlled(job, make_policy("fifo", 0), small, cfg, cost=cost)
+        return res.jobs[0].jct, res.jobs[0].gpu_seconds
+
+    base_jct, base_gpu_s = run(ResizeCost())
+    jct, gpu_s = run(ResizeCost(startup_per_gpu_s=1.5))
+    assert jct == pytest.approx(base_jct + 4 * 1.5, abs=0.01)  # 4 ranks start
+    jct, gpu_s = run(ResizeCost(finish_s=3.0))
+    assert jct == pytest.approx(base_jct + 3.0, abs=0.01)
+    assert gpu_s == pytest.approx(base_gpu_s + 4 * 3.0, abs=0.01)  # held while it ends
+    assert ResizeCost(startup_per_gpu_s=1.5).total == ResizeCost().total  # the policy's
