@@ -233,7 +233,8 @@ def simulate(workload: Path, args: argparse.Namespace) -> dict[str, Any]:
         sys.executable, "-m", "hpcorch", "simulate", str(workload), "--policy", args.policy,
         "--nodes", str(NODES), "--gpus-per-node", str(GPUS), "--cpus-per-node", str(CPUS),
         "--round", f"{args.round:g}", "--time-scale", f"{args.time_scale:g}", "--json",
-        "--startup-s", f"{args.startup_s:g}",
+        "--startup-s", f"{args.startup_s:g}", "--startup-per-gpu-s", f"{args.startup_per_gpu_s:g}",
+        "--finish-s", f"{args.finish_s:g}", "--policy-restart-cost", f"{args.restart_cost:g}",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout)["results"][0])
@@ -345,6 +346,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "policy": args.policy,
         "round_s": args.round,
         "startup_s": args.startup_s,
+        "startup_per_gpu_s": args.startup_per_gpu_s,
+        "finish_s": args.finish_s,
         "restart_cost_s": args.restart_cost,
         "users": users,
         "real": real,
@@ -371,7 +374,11 @@ def compare(doc: dict[str, Any], workload: Path, args: argparse.Namespace) -> No
     ).stdout.strip()
     doc["sim"] = {k: sim[k] for k in ("avg_jct", "p99_jct", "makespan", "restarts_per_job")}
     doc["sim"]["gpu_utilisation"] = sim["utilization"]
-    doc["sim"]["startup_s"] = args.startup_s
+    doc["sim"]["costs"] = {
+        "startup_s": args.startup_s,
+        "startup_per_gpu_s": args.startup_per_gpu_s,
+        "finish_s": args.finish_s,
+    }
     doc["targets"] = check(doc)
 
 
@@ -422,8 +429,20 @@ def main() -> None:
         type=float,
         default=0.0,
         help="a launch's start-up (released -> first step) on this pool, as a replay measured "
-        "it (its costs.startup.median): the simulator charges it, and the controller's policy "
+        "it (its costs.startup_fit): the simulator charges it, and the controller's policy "
         "is told the resize cost it makes [default: hpcorch/sim/costs.py's]",
+    )
+    p.add_argument(
+        "--startup-per-gpu-s",
+        type=float,
+        default=0.0,
+        help="what each GPU's rank adds to a start-up on this pool (costs.startup_fit)",
+    )
+    p.add_argument(
+        "--finish-s",
+        type=float,
+        default=0.0,
+        help="a job's last step -> its end in Slurm on this pool (costs.finish.median)",
     )
     p.add_argument("--slurm", default="22.05")
     p.add_argument("--pool-dir", default=str(REPO / ".run" / "replay-pool"))
@@ -454,7 +473,11 @@ def main() -> None:
         for key in ("workload", "time_scale", "policy"):
             setattr(args, key, doc[key])
         args.round = doc.get("round_s", args.round)
+        args.restart_cost = doc.get("restart_cost_s", args.restart_cost)  # as the real run's
         args.startup_s = given or doc.get("startup_s", args.startup_s)
+        for key in ("startup_per_gpu_s", "finish_s"):
+            if not getattr(args, key):
+                setattr(args, key, doc.get(key, 0.0))
         compare(doc, Path(args.work).resolve() / "workload.csv", args)
     else:
         doc = run(args)

@@ -118,7 +118,27 @@ def _stats(xs: list[float]) -> dict[str, float]:
     }
 
 
-def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, dict[str, float]]:
+def fit_startup(pairs: list[tuple[int, float]]) -> tuple[float, float]:
+    """(a, b) of start-up = a + b x GPUs by least absolute deviations over the launches
+    (GPUs, seconds): a launch Slurm kept pending, or a node slow to answer, pulls a least
+    squares line; the median line (iteratively reweighted) does not. b >= 0, a >= 0."""
+    if not pairs:
+        return 0.0, 0.0
+    x = np.array([float(g) for g, _ in pairs])
+    y = np.array([t for _, t in pairs])
+    if len(set(x)) < 2:
+        return float(np.median(y)), 0.0
+    w = np.ones_like(y)
+    a, b = float(np.median(y)), 0.0
+    for _ in range(50):
+        b, a = np.polyfit(x, y, 1, w=np.sqrt(w))
+        w = 1.0 / np.maximum(np.abs(y - (a + b * x)), 0.05)
+    b = max(float(b), 0.0)
+    a = max(float(np.median(y - b * x)), 0.0)
+    return round(a, 2), round(b, 2)
+
+
+def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, Any]:
     """Each part of a launch and of a resize, in seconds, over every launch of the run:
 
     * checkpoint: the job's signal received -> its checkpoint written (its own clock);
@@ -128,19 +148,22 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, d
     * release_to_running: release -> Slurm shows it RUNNING (the poller, 2 s);
     * running_to_first_step: RUNNING -> the first training step (batch script, Python,
       torch, process group, checkpoint read);
-    * startup: release -> first step, what the simulator's ``startup_s`` stands for.
+    * startup: release -> first step, what the simulator's ``startup_s`` stands for, and
+      ``startup_fit``: a + b x GPUs fitted to it (``startup_s``, ``startup_per_gpu_s``);
+    * finish: a completed job's last step ("done") -> its end in Slurm (``finish_s``).
 
     A launch held again before it ran (Slurm kept it pending) has no parts after release.
     """
-    jobs = _rows(state_db, "SELECT slurm_id, job_dir FROM jobs")
+    jobs = _rows(state_db, "SELECT slurm_id, job_dir, finished_at, phase FROM jobs")
     decisions = _rows(state_db, "SELECT * FROM decisions WHERE status = 'done'")
     parts: dict[str, list[float]] = {
         k: []
         for k in (
             "checkpoint", "exit_to_requeue", "requeue_to_release", "release_to_running",
-            "running_to_first_step", "startup",
+            "running_to_first_step", "startup", "finish",
         )
     }  # fmt: skip
+    by_gpus: list[tuple[int, float]] = []
     for j in jobs:
         jid = int(j["slurm_id"])
         lines = _lines(str(j["job_dir"]))
@@ -158,6 +181,11 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, d
             ran = next((r for r in seen if t - 1.0 <= r < nxt), None)
             if step is not None:
                 parts["startup"].append(step - t)
+                gpus = next(
+                    (int(d["to_gpus"]) for d in mine if float(d["done_at"] or d["time"]) == t), 0
+                )
+                if gpus:
+                    by_gpus.append((gpus, step - t))
             if ran is not None:
                 parts["release_to_running"].append(max(0.0, ran - t))
                 if step is not None and step >= ran:
@@ -173,4 +201,10 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, d
                     rel = next((t for t in _starts(decisions, jid) if t >= rq), None)
                     if rel is not None:
                         parts["requeue_to_release"].append(rel - rq)
-    return {k: _stats(v) for k, v in parts.items()}
+        done = [float(x["time"]) for x in lines if x.get("event") == "done"]
+        if j["phase"] == "done" and done and float(j["finished_at"]) > 0:
+            parts["finish"].append(max(0.0, float(j["finished_at"]) - done[-1]))
+    out: dict[str, Any] = {k: _stats(v) for k, v in parts.items()}
+    a, b = fit_startup(by_gpus)
+    out["startup_fit"] = {"startup_s": a, "startup_per_gpu_s": b, "launches": len(by_gpus)}
+    return out

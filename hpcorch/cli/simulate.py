@@ -158,6 +158,13 @@ def _workload_path(value: Path, data: Path) -> Path:
     help="A job's last step -> its end in Slurm, holding its GPUs (final checkpoint, exit).",
 )
 @click.option(
+    "--policy-restart-cost",
+    default=None,
+    type=params.Number(0.0, 86400.0),
+    help="--engine controller: what the policy is told a resize costs, as the controller's "
+    "--restart-cost [default: the sum of the four parts above].",
+)
+@click.option(
     "--restart-cost",
     default=None,
     type=params.Number(0.0, 86400.0),
@@ -261,6 +268,7 @@ def simulate(
     startup_s: float,
     startup_per_gpu_s: float,
     finish_s: float,
+    policy_restart_cost: float | None,
     restart_cost: float | None,
     cpus_per_node: int,
     cpu_demand: tuple[str, ...],
@@ -348,6 +356,7 @@ def simulate(
                             config,
                             tick,
                             cost=cost,
+                            restart_cost_s=policy_restart_cost,
                             interval_s=interval_s,
                             keep_state=kept,
                         )

@@ -83,6 +83,7 @@ def simulate_controlled(
     on_round: Callable[[SimCluster], None] | None = None,
     *,
     cost: ResizeCost | None = None,
+    restart_cost_s: float | None = None,
     interval_s: float = INTERVAL_S,
     fast_interval_s: float = FAST_INTERVAL_S,
     settings: Settings | None = None,
@@ -94,7 +95,9 @@ def simulate_controlled(
 
     ``config`` gives the pool and the scheduling round (``round_s``); its ``restart_cost``
     is not used: a resize costs the parts of ``cost`` (default: the real pool's figures)
-    plus the controller's own waits. ``on_round`` is called after every cycle.
+    plus the controller's own waits; the policy is told ``restart_cost_s`` (default: the
+    parts' sum, ``cost.total``), as the controller's ``--restart-cost``. ``on_round`` is
+    called after every cycle.
     ``keep_state``: copy the controller's store there at the end (for ``hpcorch report``;
     its times are simulated seconds).
     """
@@ -115,7 +118,7 @@ def simulate_controlled(
         interval_s=interval_s,
         fast_interval_s=fast_interval_s,
         round_s=cfg.round_s,
-        restart_cost_s=cost.total,
+        restart_cost_s=cost.total if restart_cost_s is None else restart_cost_s,
         max_starts_per_cycle=max(64, len(workload)),
         settings=rules,
     )

@@ -84,3 +84,13 @@ def test_start_up_by_gpus_and_a_jobs_finish_are_charged(apps: dict[str, AppTrace
     assert jct == pytest.approx(base_jct + 3.0, abs=0.01)
     assert gpu_s == pytest.approx(base_gpu_s + 4 * 3.0, abs=0.01)  # held while it ends
     assert ResizeCost(startup_per_gpu_s=1.5).total == ResizeCost().total  # the policy's
+
+
+def test_the_policy_is_told_the_restart_cost_the_controller_is(small_workload: Path) -> None:
+    """`--policy-restart-cost` is the controller's `--restart-cost` (a replay tells both
+    sides the same); a dear resize makes ONES resize no more than a cheap one."""
+    runner = CliRunner()
+    base = ["simulate", str(small_workload), "--nodes", "2", "--json", "--policy", "ones"]
+    cheap = json.loads(runner.invoke(main, [*base, "--policy-restart-cost", "1"]).stdout)
+    dear = json.loads(runner.invoke(main, [*base, "--policy-restart-cost", "3000"]).stdout)
+    assert dear["results"][0]["restarts_per_job"] <= cheap["results"][0]["restarts_per_job"]
