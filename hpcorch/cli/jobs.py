@@ -109,7 +109,7 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("script", type=params.PathType(exists=True, dir_okay=False))
+@click.argument("script", type=params.ScriptPath(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--min-gpus", type=params.Integer(1, 1_000_000), help="Fewest GPUs (required).")
 @click.option("--max-gpus", type=params.Integer(1, 1_000_000), help="Most GPUs [default: min].")
