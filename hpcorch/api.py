@@ -68,11 +68,19 @@ def _valid_options() -> list[str]:
     return sorted([*names, *SIDECAR_KEYS, *_ALIASES])
 
 
+_HINTS = {"timeout_min": "time (e.g. '4:00:00')", "gpus_per_node": "min_gpus / max_gpus"}
+"""What to use instead of the options of submitit's executors that hpcorch has no twin of."""
+
+
 def _request_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(options) - set(_valid_options()))
     if unknown:
-        raise RequestError(f"unknown option {unknown[0]!r} (valid: {', '.join(_valid_options())})")
+        name = unknown[0]
+        hint = f"; use {_HINTS[name]}" if name in _HINTS else ""
+        raise RequestError(f"unknown option {name!r}{hint} (valid: {', '.join(_valid_options())})")
     opts = {_ALIASES.get(k, k): v for k, v in options.items()}
+    if opts.get("pool") is None and os.environ.get("HPCORCH_POOL"):
+        opts["pool"] = os.environ["HPCORCH_POOL"]  # as `hpcorch submit --pool`'s default
     side = {k: opts.pop(k) for k in SIDECAR_KEYS if k in opts}
     if "resume_args" in side and isinstance(side["resume_args"], str):
         side["resume_args"] = (side["resume_args"],)
@@ -86,10 +94,13 @@ class Executor:
     """Options shared by the jobs it submits (``update`` changes them)."""
 
     def __init__(self, backend: SlurmBackend | None = None, **options: Any) -> None:
+        _check(options)
         self.options: dict[str, Any] = dict(options)
         self._backend = backend
 
     def update(self, **options: Any) -> None:
+        """Change options; checked at once, as at construction."""
+        _check({**self.options, **options})
         self.options.update(options)
 
     @property
@@ -124,6 +135,13 @@ class Executor:
         result = _submit(req, self.backend, files={fnjob.PAYLOAD_FILE: data})
         assert result.slurm_id is not None
         return Job(result.slurm_id, result.job_dir, backend=self.backend, function=True)
+
+
+def _check(options: Mapping[str, Any]) -> None:
+    """The options' names and values, checked when they are set (not first at submit): a
+    bad one raises :class:`RequestError` with one line. ``min_gpus`` may come later."""
+    opts = _request_kwargs({"min_gpus": 1, **options})
+    build_request(fnjob.__file__, (), **opts)
 
 
 def submit_script(script: str | os.PathLike[str], *args: str, **options: Any) -> Job:
@@ -168,6 +186,8 @@ class Job:
         self._dir = Path(job_dir) if job_dir is not None else None
         self._function = function
         self.state_dir = state_dir
+        if self._dir is None and self.job_dir is None:  # as squeue -j: no such job
+            raise JobError(f"job {job_id} is known neither to Slurm nor to hpcorch here")
 
     def __repr__(self) -> str:
         return f"Job({self.job_id}, state={self.state!r})"
@@ -186,7 +206,8 @@ class Job:
     @property
     def state(self) -> str:
         """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or UNKNOWN once Slurm has
-        forgotten the job (then see :attr:`phase` or the job directory)."""
+        forgotten the job (then see :attr:`phase` or the job directory). A job neither
+        Slurm nor a job directory here knows is refused at ``Job(id)``."""
         job = self.info()
         return job.state if job is not None else "UNKNOWN"
 
