@@ -103,7 +103,7 @@ OWNED: dict[str, str] = {
     "array": "hpcorch submits one job at a time",
     "wrap": "hpcorch runs the job wrapper",
     "parsable": "use hpcorch's --parsable",
-    "wait": "hpcorch submits and returns (the Python API's Job.wait() waits)",
+    "wait": "use hpcorch's --wait",
     "test-only": "use hpcorch's --dry-run",
     "export": "the job needs the submit environment (SLURM_CONF, PATH)",
     "export-file": "the job needs the submit environment (SLURM_CONF, PATH)",
