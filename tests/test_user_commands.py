@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpcorch import fnjob
-from hpcorch.api import Executor, Job, JobError, _request_kwargs
+from hpcorch.api import Executor, Job, JobError
+from hpcorch.apibase import request_kwargs
 from hpcorch.cli import main
 from hpcorch.cli.status import select_for_cancel
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, launches, pooled_job
@@ -248,8 +249,8 @@ def test_the_api_needs_min_gpus_at_submit_and_takes_the_pool_from_the_environmen
     with pytest.raises(RequestError, match="min_gpus is required"):
         ex.submit_script(SCRIPT, "--epochs", "1")
     monkeypatch.setenv("HPCORCH_POOL", "gpupool")
-    assert _request_kwargs({"min_gpus": 1})["pool"] == "gpupool"  # as `submit --pool`
-    assert _request_kwargs({"min_gpus": 1, "pool": "other"})["pool"] == "other"
+    assert request_kwargs({"min_gpus": 1})["pool"] == "gpupool"  # as `submit --pool`
+    assert request_kwargs({"min_gpus": 1, "pool": "other"})["pool"] == "other"
 
 
 def test_a_job_nobody_knows_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
