@@ -10,6 +10,9 @@
     job.wait(); job.result()                                 # the function's return value
     job.cancel()
     api.Job(1234)                                            # a handle on a submitted job
+    jobs = ex.map_array(train, [0.1, 0.2])                   # one elastic job per item
+    for job in api.as_completed(jobs): ...                   # each as it ends
+    api.LocalExecutor(min_gpus=1).submit(train, lr=0.1)      # on this machine, no Slurm
 
 The options are those of ``hpcorch submit`` with ``-`` as ``_`` (``min_gpus``, ``account``,
 ``sbatch_args=["--mem-per-gpu=20G"]``, ``time``/``time_limit``, ``time_total``,
@@ -24,72 +27,56 @@ and rank 0's return value is written back for :meth:`Job.result`.
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import pickle
 import re
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcorch import fnjob
+from hpcorch.apibase import JobError, check_options, request_kwargs
 from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, log_name, pooled_job
 from hpcorch.joblogs import relaunch_overdue as _overdue
+from hpcorch.local import LocalExecutor, LocalJob
 from hpcorch.paths import STATE_DB, controller_dir, spool_dir
 from hpcorch.protocol import METRICS_FILE, PLAN_FILE
-from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
+from hpcorch.request import RequestError, build_request
 from hpcorch.slurm.backend import SlurmBackend
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.parse import SlurmJob
 from hpcorch.slurm.script import parse_comment
 from hpcorch.submit import submit as _submit
 
-__all__ = ["Executor", "Job", "JobError", "RequestError", "submit_function", "submit_script"]
-
-_ALIASES = {"time": "time_limit", "gpus": "min_gpus"}
-
-
-class JobError(HpcorchError):
-    """The job ended without a result, or its function raised (the message carries the
-    remote traceback)."""
-
-
-def _valid_options() -> list[str]:
-    names = [
-        p.name
-        for p in inspect.signature(build_request).parameters.values()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("sidecar", "environ")
-    ]
-    return sorted([*names, *SIDECAR_KEYS, *_ALIASES])
-
-
-def _request_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
-    unknown = sorted(set(options) - set(_valid_options()))
-    if unknown:
-        raise RequestError(f"unknown option {unknown[0]!r} (valid: {', '.join(_valid_options())})")
-    opts = {_ALIASES.get(k, k): v for k, v in options.items()}
-    side = {k: opts.pop(k) for k in SIDECAR_KEYS if k in opts}
-    if "resume_args" in side and isinstance(side["resume_args"], str):
-        side["resume_args"] = (side["resume_args"],)
-    opts["sidecar"] = sidecar_spec(**side)
-    if "min_gpus" not in opts:
-        raise RequestError("min_gpus is required")
-    return opts
+__all__ = [
+    "Executor",
+    "Job",
+    "JobError",
+    "LocalExecutor",
+    "LocalJob",
+    "RequestError",
+    "as_completed",
+    "submit_function",
+    "submit_script",
+]
 
 
 class Executor:
     """Options shared by the jobs it submits (``update`` changes them)."""
 
     def __init__(self, backend: SlurmBackend | None = None, **options: Any) -> None:
+        check_options(options)
         self.options: dict[str, Any] = dict(options)
         self._backend = backend
 
     def update(self, **options: Any) -> None:
+        """Change options; checked at once, as at construction."""
+        check_options({**self.options, **options})
         self.options.update(options)
 
     @property
@@ -100,10 +87,16 @@ class Executor:
 
     def submit_script(self, script: str | os.PathLike[str], *args: str) -> Job:
         """Submit a training script with its arguments, as ``hpcorch submit`` does."""
-        req = build_request(os.fspath(script), args, **_request_kwargs(self.options))
+        req = build_request(os.fspath(script), args, **request_kwargs(self.options))
         result = _submit(req, self.backend)
         assert result.slurm_id is not None
         return Job(result.slurm_id, result.job_dir, backend=self.backend)
+
+    def map_array(self, fn: Callable[..., Any], *iterables: Any) -> list[Job]:
+        """``fn(*items)`` for each items of ``zip(*iterables)``: one job each (named
+        NAME_0, NAME_1, ...), as submitit's map_array; every one is an elastic job the
+        controller schedules on its own (no Slurm job array)."""
+        return _map_array(self, fn, *iterables)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
         """Submit ``fn(*args, **kwargs)``, called on every task of the job; rank 0's
@@ -120,10 +113,22 @@ class Executor:
         if not opts.get("name"):
             raw = getattr(fn, "__name__", "function")
             opts["name"] = re.sub(r"[^A-Za-z0-9_.+-]", "_", raw).lstrip("_.+-")[:64] or "function"
-        req = build_request(fnjob.__file__, (), **_request_kwargs(opts))
+        req = build_request(fnjob.__file__, (), **request_kwargs(opts))
         result = _submit(req, self.backend, files={fnjob.PAYLOAD_FILE: data})
         assert result.slurm_id is not None
         return Job(result.slurm_id, result.job_dir, backend=self.backend, function=True)
+
+
+def _map_array(ex: Executor, fn: Callable[..., Any], *iterables: Any) -> list[Job]:
+    """One elastic job per item, each scheduled by the controller as any other."""
+    items = list(zip(*iterables, strict=True))
+    base = ex.options.get("name") or re.sub(r"[^A-Za-z0-9_.+-]", "_", fn.__name__)[:56]
+    jobs = []
+    for i, args in enumerate(items):
+        sub = Executor(ex._backend, **{**ex.options, "name": f"{base}_{i}"})
+        jobs.append(sub.submit(fn, *args))
+        ex._backend = sub._backend  # one backend for all
+    return jobs
 
 
 def submit_script(script: str | os.PathLike[str], *args: str, **options: Any) -> Job:
@@ -168,6 +173,8 @@ class Job:
         self._dir = Path(job_dir) if job_dir is not None else None
         self._function = function
         self.state_dir = state_dir
+        if self._dir is None and self.job_dir is None:  # as squeue -j: no such job
+            raise JobError(f"job {job_id} is known neither to Slurm nor to hpcorch here")
 
     def __repr__(self) -> str:
         return f"Job({self.job_id}, state={self.state!r})"
@@ -186,7 +193,8 @@ class Job:
     @property
     def state(self) -> str:
         """Slurm's state (PENDING, RUNNING, COMPLETED, ...), or UNKNOWN once Slurm has
-        forgotten the job (then see :attr:`phase` or the job directory)."""
+        forgotten the job (then see :attr:`phase` or the job directory). A job neither
+        Slurm nor a job directory here knows is refused at ``Job(id)``."""
         job = self.info()
         return job.state if job is not None else "UNKNOWN"
 
@@ -315,3 +323,14 @@ def _last_reported_batch(path: Path) -> int | None:
         if isinstance(doc, dict) and isinstance(doc.get("global_batch"), int):
             return int(doc["global_batch"])
     return None
+
+
+def as_completed(jobs: Iterable[Any], poll: float = 2.0) -> Iterator[Any]:
+    """The jobs (of this API or local), each as soon as it has ended for good."""
+    left = list(jobs)
+    while left:
+        for job in [j for j in left if j.done()]:
+            left.remove(job)
+            yield job
+        if left:
+            time.sleep(poll)

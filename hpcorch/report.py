@@ -7,6 +7,7 @@ simulation kept. Pure data, no plotting: ``hpcorch.cli.report`` draws it.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 from dataclasses import asdict, dataclass, field
@@ -176,6 +177,10 @@ def build(
                 kind = "grow" if to > f else "shrink"
                 marks.append(Mark(_r(float(d["time"]) - origin), kind, f"{f}\u2192{to}"))
         segments, starting = _segments(mine, sams, origin, job_end, float(j["started_at"]))
+        if not float(j["started_at"]) and not int(j.get("launches") or 0):
+            # Slurm never ran it (pending its whole life): started, never training
+            starting = sorted([*starting, *segments], key=lambda s: s.start)
+            segments = []
         batches: list[int] = []
         prev = 0
         for s in sams:
@@ -204,11 +209,20 @@ def build(
                 marks=sorted(marks, key=lambda m: m.time),
             )
         )
-    total = total_gpus or int(meta.get("total_gpus", 0) or 0)
+    total = total_gpus or int(meta.get("total_gpus", 0) or 0) or _pool_gpus(meta)
     util = _utilisation(out)
     if not total:
         total = max((g for _, g in util), default=0)
     return Report(source, total, round(origin, 3), _r(end), out, util)
+
+
+def _pool_gpus(meta: dict[str, str]) -> int:
+    """The GPUs of the pool's usable nodes, as the controller last stored them (0: none)."""
+    try:
+        nodes = json.loads(meta.get("pool") or "[]")
+        return sum(int(n["gpus"]) for n in nodes if n.get("usable", True))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return 0
 
 
 def _segments(

@@ -29,6 +29,7 @@ from hpcorch.slurm.options import (
     OptionError,
     check_extra,
     make_options,
+    owned_refusal,
 )
 from hpcorch.slurm.sbatch_names import SBATCH_LONG_OPTIONS, SBATCH_SHORT_OPTIONS
 
@@ -160,7 +161,7 @@ def test_the_reported_spellings_are_refused(arg: str, option: str) -> None:
     msg = refusal((arg,))
     assert f"sbatch reads --{name} as --{option}" in msg
     if option in OWNED:
-        assert f"hpcorch sets --{option} itself ({OWNED[option]})" in msg
+        assert owned_refusal(option) in msg
     else:
         assert f"spell it out: --{option}" in msg
 
@@ -192,7 +193,7 @@ def test_every_prefix_of_a_refused_option_is_refused_naming_it() -> None:
                         msg = refusal((arg,), pooled)
                         assert f"sbatch reads --{prefix} as --{option}" in msg, (release, msg)
                         if option in OWNED:
-                            assert f"hpcorch sets --{option} itself ({OWNED[option]})" in msg
+                            assert owned_refusal(option) in msg
                         else:
                             assert f"not for a job in a pool ({POOL_REFUSED[option]})" in msg
                         checked += 1

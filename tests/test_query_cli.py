@@ -67,3 +67,23 @@ def test_another_users_job_is_its_public_part(state: Path) -> None:
         "  GPUs 2 (range 1-4), launches 1, resizes 0, GPU time 2:00:00",
         "  its directory, plans, decisions and throughput are visible to bob and the admins only",
     ]
+
+
+def test_describe_json_is_the_text_as_data(state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The user's own job in full (record, decisions, throughput); another user's job only
+    what the text shows of it."""
+    import json
+
+    monkeypatch.setattr(describe_cli, "slurm_view", lambda _: "RUNNING, user alice")
+    doc = json.loads(run("11", "--state-dir", str(state), "--json"))
+    assert doc["version"] == 1 and doc["full"] and doc["slurm"] == "RUNNING, user alice"
+    assert doc["job"]["job_dir"] == "/home/alice/.hpcorch/jobs/k11"
+    assert [d["detail"] for d in doc["decisions"]] == ["start on n1"]
+    assert doc["throughput"] == [{"gpus": 2, "samples_per_s": 120.0, "reports": 1}]
+    store = Store(state / "state.db", readonly=True)
+    reply = answer(Request("describe", 12), Viewer(1001, "alice", False), Reader(store, 0))
+    detail = describe_cli.detail_from_reply(reply)
+    assert detail is not None
+    other = describe_cli.document(detail, "RUNNING, user bob")
+    assert "job_dir" not in other["job"] and other["decisions"] == []
+    assert other["job"]["user"] == "bob" and other["job"]["launches"] == 1

@@ -121,3 +121,31 @@ def test_without_matplotlib_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert "pip install 'hpcorch[plot]'" in err.splitlines()[-1]
     code, out, _ = run(str(STORE), "--json")  # the data needs no matplotlib
     assert code == 0 and json.loads(out)["jobs"]
+
+
+def test_a_job_slurm_never_ran_is_no_training_bar_and_the_pool_is_the_denominator() -> None:
+    """A job released but left PENDING its whole life (never seen running, no step
+    reported) holds no GPUs in the report; utilisation is over the pool's GPUs as the
+    controller stored them, not the most ever in use."""
+    from hpcorch.report import build
+
+    jobs = [
+        {"slurm_id": 1, "name": "ran", "phase": "done", "submit_time": 0.0, "finished_at": 100.0,
+         "started_at": 10.0, "launches": 1, "gpu_seconds": 360.0, "resizes": 0,
+         "phase_since": 100.0},
+        {"slurm_id": 2, "name": "never", "phase": "cancelled", "submit_time": 0.0,
+         "finished_at": 0.0, "started_at": 0.0, "launches": 0, "gpu_seconds": 0.0,
+         "resizes": 0, "phase_since": 100.0},
+    ]  # fmt: skip
+    decisions = [
+        {"slurm_id": i, "action": "start", "status": "done", "time": 5.0, "done_at": 5.0,
+         "from_gpus": 0, "to_gpus": 4, "detail": ""}
+        for i in (1, 2)
+    ]  # fmt: skip
+    pool = json.dumps([{"name": f"n{i}", "gpus": 4, "usable": True} for i in range(1, 5)])
+    rep = build(jobs, decisions, [], {"pool": pool}, "test")
+    ran, never = rep.jobs
+    assert ran.segments and not never.segments and never.starting
+    assert rep.total_gpus == 16
+    assert max(g for _, g in rep.utilisation) == 4
+    assert rep.mean_utilisation() == pytest.approx(4 * 90 / (16 * 100))

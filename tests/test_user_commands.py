@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from hpcorch import fnjob
 from hpcorch.api import Executor, Job, JobError
+from hpcorch.apibase import request_kwargs
 from hpcorch.cli import main
 from hpcorch.cli.status import select_for_cancel
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, launches, pooled_job
@@ -220,20 +221,46 @@ def test_a_result_read_back_raises_the_remote_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("options", "needle"),
     [
-        ({}, "min_gpus is required"),
         ({"min_gpus": 0}, "--min-gpus 0 is out of range"),
         ({"min_gpus": "2"}, "must be a whole number"),
         ({"min_gpus": 1, "acount": "x"}, "unknown option 'acount'"),
+        ({"timeout_min": 60}, "unknown option 'timeout_min'; use time"),
         ({"min_gpus": 1, "account": "a b"}, "invalid --account"),
         ({"min_gpus": 1, "sbatch_args": ["--gres=gpu:9"]}, "hpcorch sets --gres itself"),
         ({"min_gpus": 1, "time": "soon"}, "invalid --time"),
         ({"min_gpus": 1, "max_relaunches": "lots"}, "invalid --max-relaunches"),
     ],
 )
-def test_the_api_checks_options_as_the_cli_does(options: dict[str, object], needle: str) -> None:
-    ex = Executor(backend=object(), **options)  # type: ignore[arg-type]
+def test_the_api_checks_options_when_they_are_set(options: dict[str, object], needle: str) -> None:
+    """As the CLI does, and at once: at Executor(...) and at update(...), not first at
+    submit."""
     with pytest.raises(RequestError, match=needle.replace("(", r"\(")):
+        Executor(backend=object(), **options)  # type: ignore[arg-type]
+    ex = Executor(backend=object(), min_gpus=1)  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match=needle.replace("(", r"\(")):
+        ex.update(**options)
+    assert ex.options == {"min_gpus": 1}  # a refused update changes nothing
+
+
+def test_the_api_needs_min_gpus_at_submit_and_takes_the_pool_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ex = Executor(backend=object())  # type: ignore[arg-type]
+    with pytest.raises(RequestError, match="min_gpus is required"):
         ex.submit_script(SCRIPT, "--epochs", "1")
+    monkeypatch.setenv("HPCORCH_POOL", "gpupool")
+    assert request_kwargs({"min_gpus": 1})["pool"] == "gpupool"  # as `submit --pool`
+    assert request_kwargs({"min_gpus": 1, "pool": "other"})["pool"] == "other"
+
+
+def test_a_job_nobody_knows_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class NoJobs:
+        def jobs(self) -> list[object]:
+            return []
+
+    monkeypatch.setenv("HPCORCH_HOME", str(tmp_path))
+    with pytest.raises(JobError, match="job 999 is known neither to Slurm nor to hpcorch"):
+        Job(999, backend=NoJobs())  # type: ignore[arg-type]
 
 
 def test_submit_after_script_belongs_to_the_script(tmp_path: Path) -> None:

@@ -26,6 +26,13 @@ COMMANDS = {
 }
 
 
+ONE_THREAD = ("simulate", "controller")
+"""Commands whose numpy runs with one BLAS/OpenMP thread unless the environment says
+otherwise: their arrays are small, and on a loaded machine BLAS threads spin (a simulation
+took twice the CPU for the same results)."""
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(COMMANDS)
@@ -35,6 +42,9 @@ class LazyGroup(click.Group):
         if target is None:
             return None
         module, attr = target.split(":")
+        if cmd_name in ONE_THREAD:  # before numpy is imported: it reads them once
+            for var in THREAD_VARS:
+                os.environ.setdefault(var, "1")
         command = getattr(importlib.import_module(module), attr)
         assert isinstance(command, click.Command)
         return command

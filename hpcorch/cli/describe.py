@@ -7,8 +7,9 @@ another user's as squeue shows it. Both are rendered here, by the same code.
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 import click
@@ -79,11 +80,15 @@ def detail_from_reply(reply: dict[str, Any]) -> Detail | None:
     type=params.StateDir(),
     help="Controller state directory [default: $HPCORCH_HOME/controller].",
 )
-def describe(job_id: int, state_dir: str | None) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (versioned).")
+def describe(job_id: int, state_dir: str | None, as_json: bool) -> None:
     """One job's plans, resizes and throughput by GPU count."""
     from hpcorch.cli.status import describe_from_slurm
 
     how = access(controller_dir(state_dir))
+    if how == "none" and as_json:
+        click.echo(json.dumps(slurm_document(job_id), indent=2))
+        return
     if how == "none":
         describe_from_slurm(job_id)  # no controller here: what Slurm and the job dir say
         return
@@ -94,10 +99,45 @@ def describe(job_id: int, state_dir: str | None) -> None:
             detail = detail_from_reply(ask_job(controller_dir(state_dir), "describe", job_id))
     except HpcorchError as exc:
         raise click.ClickException(str(exc)) from None
+    if detail is None and as_json:
+        click.echo(json.dumps(slurm_document(job_id), indent=2))
+        return
     if detail is None:
         describe_from_slurm(job_id)
         return
+    if as_json:
+        click.echo(json.dumps(document(detail, slurm_view(job_id)), indent=2))
+        return
     click.echo("\n".join(render(detail, slurm_view(job_id))))
+
+
+JSON_VERSION = 1
+_SHARED: tuple[str, ...] = ("slurm_id", "name", "user", "phase", "gpus", "min_gpus")
+_SHARED += ("max_gpus", "launches", "resizes", "gpu_seconds")
+"""The fields of another user's job describe shows (as the text does)."""
+
+
+def document(d: Detail, slurm: str) -> dict[str, Any]:
+    """describe --json: the job's record (another user's: what the text shows of it), its
+    decisions and throughput by GPU count, and Slurm's view as one line."""
+    rec = asdict(d.rec)
+    return {
+        "version": JSON_VERSION,
+        "full": d.full,
+        "job": rec if d.full else {k: rec[k] for k in _SHARED},
+        "slurm": slurm,
+        "decisions": [asdict(x) for x in d.decisions] if d.full else [],
+        "decisions_left_out": d.left_out,
+        "throughput": [{"gpus": g, "samples_per_s": m, "reports": n} for g, m, n in d.throughput],
+    }
+
+
+def slurm_document(job_id: int) -> dict[str, Any]:
+    """describe --json of a job no controller here knows: Slurm's view alone."""
+    slurm = slurm_view(job_id)
+    if not slurm:
+        raise click.ClickException(f"job {job_id} is known neither to Slurm nor to a controller")
+    return {"version": JSON_VERSION, "full": False, "job": None, "slurm": slurm}
 
 
 def render(d: Detail, slurm: str) -> list[str]:

@@ -109,7 +109,7 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @click.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.argument("script", type=params.PathType(exists=True, dir_okay=False))
+@click.argument("script", type=params.ScriptPath(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--min-gpus", type=params.Integer(1, 1_000_000), help="Fewest GPUs (required).")
 @click.option("--max-gpus", type=params.Integer(1, 1_000_000), help="Most GPUs [default: min].")
@@ -176,6 +176,12 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @slurm_options
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="Wait until the job has ended for good (a pool job's relaunches included) and exit "
+    "with its exit code, as sbatch --wait.",
+)
 @sidecar_options
 def submit(
     script: str,
@@ -184,6 +190,7 @@ def submit(
     mode: str,
     dry_run: bool,
     parsable: bool,
+    wait: bool,
     **options: Any,
 ) -> None:
     """Submit SCRIPT (a PyTorch training script) with SCRIPT_ARGS.
@@ -224,7 +231,8 @@ def submit(
                 err=True,
             )
     try:
-        result = submit_job(req, make_backend(), dry_run=dry_run)
+        backend = make_backend()
+        result = submit_job(req, backend, dry_run=dry_run)
     except HpcorchError as exc:
         raise _fail(exc) from exc
     if dry_run:
@@ -233,6 +241,24 @@ def submit(
         click.echo(str(result.slurm_id))
     else:
         click.echo(f"Submitted job {result.slurm_id} ({result.job_key}); files in {result.job_dir}")
+    if wait and not dry_run and result.slurm_id is not None:
+        raise SystemExit(_wait_for(result.slurm_id, result.job_dir, backend))
+
+
+def _wait_for(job_id: int, job_dir: Any, backend: Any) -> int:
+    """Wait for a submitted job to end for good; its exit code (0: COMPLETED), said on
+    stderr as sbatch --wait does not, so a script's log shows why it went on."""
+    from hpcorch.api import Job
+
+    job = Job(job_id, job_dir, backend=backend)
+    try:
+        state = job.wait()
+        info = job.info()
+    except HpcorchError as exc:
+        raise _fail(exc) from exc
+    code = 0 if state == "COMPLETED" else (info.exit_code if info and info.exit_code else 1)
+    click.echo(f"hpcorch: job {job_id} ended: {state} (exit code {code})", err=True)
+    return code
 
 
 def _hpcorch_options_in(args: tuple[str, ...]) -> list[str]:

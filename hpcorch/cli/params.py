@@ -315,6 +315,20 @@ class PathType(click.Path):
         return super().convert(value, param, ctx)
 
 
+class ScriptPath(PathType):
+    """A command's SCRIPT argument: an existing file. A word that starts with ``-`` is an
+    option the command does not have (with ``ignore_unknown_options`` click would take it
+    for the script): named as such, with the closest options it does have."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.startswith("-") and value != "-":
+            known = sorted(
+                o for p in (ctx.command.params if ctx else []) for o in p.opts if o.startswith("-")
+            )
+            raise click.NoSuchOption(value.split("=", 1)[0], possibilities=known, ctx=ctx)
+        return super().convert(value, param, ctx)
+
+
 class NameList(_StrParam):
     """Comma-separated names (users, nodes); with ``hostlist``, Slurm's ranges such as
     ``n[1-4],gpu-a[001-004]`` are allowed too."""

@@ -55,19 +55,20 @@ def plot(report: Report, out: Path) -> None:
         gridspec_kw={"height_ratios": [max(len(jobs), 1) * 1.2, 1.6]},
     )
     span = max(report.end, 1.0)
+    # one scale for every bar: a 1-GPU launch is an eighth as high as an 8-GPU one
+    most = max((s.gpus for j in jobs for s in [*j.segments, *j.starting]), default=1)
     char_w = span / 150  # a 7-point character, in seconds, on a 10-inch figure
     for i, job in enumerate(jobs):
         y = len(jobs) - 1 - i
         colour = COLOURS[i % len(COLOURS)]
-        most = max((s.gpus for s in [*job.segments, *job.starting]), default=1)
         for s in job.starting:
-            h = 0.8 * s.gpus / max(most, 1)
+            h = max(0.8 * s.gpus / max(most, 1), 0.06)
             ax.barh(
                 y, s.end - s.start, left=s.start, height=h, color="none", edgecolor=colour,
                 hatch="///", linewidth=0.6,
             )  # fmt: skip
         for s in job.segments:
-            h = 0.8 * s.gpus / max(most, 1)
+            h = max(0.8 * s.gpus / max(most, 1), 0.06)
             ax.barh(y, s.end - s.start, left=s.start, height=h, color=colour, alpha=0.85)
             if s.end - s.start > 0.04 * span:
                 ax.text(
@@ -98,7 +99,7 @@ def plot(report: Report, out: Path) -> None:
     ]
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_ylim(-0.6, len(jobs) + 0.1)
-    ax.set_ylabel("job (bar height ~ GPUs)")
+    ax.set_ylabel(f"job (bar height: GPUs, full row = {most})")
     ax.set_title("GPUs per job over time (bars: training, from the first step each launch reports)")
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
@@ -161,7 +162,8 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     "--pool-gpus",
     type=params.Integer(1, 1_000_000),
     default=None,
-    help="GPUs in the pool, for utilisation [default: the most ever in use].",
+    help="GPUs in the pool, for utilisation [default: the pool's, as the controller last "
+    "saw it; else the most ever in use].",
 )
 def report(
     source: str | None,

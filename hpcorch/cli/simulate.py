@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Collection
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -69,6 +71,48 @@ def _workload_path(value: Path, data: Path) -> Path:
     known = sorted(f"{p.parent.name}/{p.stem}" for p in (data / "workloads").glob("*/*.csv"))
     hint = f" (or a bundled workload: {', '.join(known[:3])}, ...)" if known else ""
     raise click.BadParameter(f"no file {str(value)!r}{hint}", param_hint="WORKLOADS")
+
+
+class _Lines:
+    """Progress where stderr is no terminal (a batch job's log, a pipe): one line when a
+    run starts and at most one every ``every`` seconds while it runs."""
+
+    def __init__(self, total: int, every: float = 30.0) -> None:
+        self.total, self.every, self.done = total, every, 0
+        self._label = ""
+        self._said = time.monotonic()
+
+    @property
+    def label(self) -> str:
+        return self._label
+
+    @label.setter
+    def label(self, value: str) -> None:
+        self._label = value
+        self._say()
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if time.monotonic() - self._said >= self.every:
+            self._say()
+
+    def _say(self) -> None:
+        self._said = time.monotonic()
+        click.echo(f"simulating {self._label}: {self.done}/{self.total} jobs done", err=True)
+
+    def __enter__(self) -> _Lines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            click.echo(f"simulated: {self.done}/{self.total} jobs done", err=True)
+
+
+def _progress(total: int) -> Any:
+    """A progress bar on a terminal, progress lines elsewhere (both on stderr)."""
+    if sys.stderr.isatty():
+        return click.progressbar(length=total, label="simulating", file=sys.stderr, show_pos=True)
+    return _Lines(total)
 
 
 @click.command(name="simulate")
@@ -332,7 +376,7 @@ def simulate(
     )
     total = sum(len(jobs) for _, jobs in loaded) * len(names)
     results: list[tuple[str, SimResult]] = []
-    with click.progressbar(length=total, label="simulating", file=sys.stderr, show_pos=True) as bar:
+    with _progress(total) as bar:
         for stem, jobs in loaded:
             for name in names:
                 seen = [0]

@@ -136,6 +136,7 @@ def status(
         phases=_check_phases(flatten(phases)),
         names=flatten(names),
     )
+    _check_users(who)
     if fmt is not None:
         from hpcorch.status import JOB_FIELDS
 
@@ -144,9 +145,12 @@ def status(
         except FormatError as exc:
             raise click.BadParameter(str(exc), param_hint="'-o' / '--format'") from exc
     while True:
-        text = _status_text(as_json, filters, state_dir, fmt, noheader)
+        text, unknown = _status_text(as_json, filters, state_dir, fmt, noheader)
         if watch is None:
             click.echo(text)
+            if unknown:  # as squeue: the others shown, the missing ones an error
+                ids = ", ".join(map(str, unknown))
+                raise click.ClickException(f"invalid job id(s): {ids} (not known to Slurm)")
             return
         click.clear()
         click.echo(f"every {watch:g} s: hpcorch status    {time.strftime('%H:%M:%S')}\n")
@@ -188,9 +192,9 @@ def controller_view(state_dir: str | None) -> View | None:
 
 def gather(
     filters: Filters, state_dir: str | None
-) -> tuple[list[PoolRow], list[JobRow], View | None]:
-    """The pool and the jobs as status shows them (three Slurm calls), and the
-    controller's view they came with."""
+) -> tuple[list[PoolRow], list[JobRow], View | None, list[int]]:
+    """The pool and the jobs as status shows them (three Slurm calls), the controller's
+    view they came with, and the job ids asked for that Slurm does not know."""
     view = controller_view(state_dir)
     try:
         backend = make_backend()
@@ -217,13 +221,27 @@ def gather(
     )
     if pool_nodes:
         nodes = [n for n in nodes if n.name in pool_nodes]
-    return pool_rows(nodes, None if pool_nodes else default), rows, view
+    known = {j.job_id for j in jobs}
+    unknown = [i for i in dict.fromkeys(filters.job_ids) if i not in known]
+    return pool_rows(nodes, None if pool_nodes else default), rows, view, unknown
+
+
+def _check_users(users: tuple[str, ...]) -> None:
+    """An unknown user is an error, as squeue's ``Invalid user``."""
+    import pwd
+
+    for name in users:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            hint = "'-u' / '--user'"
+            raise click.BadParameter(f"invalid user: {name}", param_hint=hint) from None
 
 
 def _status_text(
     as_json: bool, filters: Filters, state_dir: str | None, fmt: str | None, noheader: bool
-) -> str:
-    pool, rows, view = gather(filters, state_dir)
+) -> tuple[str, list[int]]:
+    pool, rows, view, unknown = gather(filters, state_dir)
     from hpcorch.controller.usage import render_usage, user_usage
 
     usage = user_usage(view.records) if view else None  # GPU time by user
@@ -232,14 +250,14 @@ def _status_text(
         doc["foreign"] = view.foreign if view else []
         if usage is not None:
             doc["usage"] = [asdict(u) for u in usage]
-        return json.dumps(doc, indent=2)
+        return json.dumps(doc, indent=2), unknown
     text = render_status(pool, rows, fmt, header=not noheader, show_pool=not (fmt or noheader))
     foreign = render_foreign(view.foreign) if view and not (fmt or noheader) else ""
     if foreign:  # jobs on the pool's nodes the controller did not place
         text += "\n\n" + foreign
     if usage is None or fmt or noheader:
-        return text
-    return text + "\n\n" + render_usage(usage)
+        return text, unknown
+    return text + "\n\n" + render_usage(usage), unknown
 
 
 # --- cancel ----------------------------------------------------------------------------

@@ -41,6 +41,11 @@ from typing import Protocol
 
 import numpy as np
 
+_RANK_WARNING: type[Warning] = (
+    getattr(np.exceptions, "RankWarning", None) or getattr(np, "RankWarning", None) or UserWarning
+)
+"""np.polyfit's warning: np.exceptions.RankWarning from numpy 2.0, np.RankWarning before."""
+
 
 class StepLike(Protocol):
     """One measured configuration (e.g. :class:`hpcorch.policy.types.StepSample`)."""
@@ -178,7 +183,7 @@ class ThroughputModel:
             # the least-norm line (slope about time / batch), which is what is wanted here,
             # and warns once per fit: thousands of lines in a long simulation.
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore", np.exceptions.RankWarning)
+                warnings.simplefilter("ignore", _RANK_WARNING)
                 slope, _icept = np.polyfit(self._cb, self._ct, 1)
             self._slope = max(float(slope), 0.0)
         else:

@@ -103,7 +103,7 @@ OWNED: dict[str, str] = {
     "array": "hpcorch submits one job at a time",
     "wrap": "hpcorch runs the job wrapper",
     "parsable": "use hpcorch's --parsable",
-    "wait": "hpcorch submits and returns (the Python API's Job.wait() waits)",
+    "wait": "use hpcorch's --wait",
     "test-only": "use hpcorch's --dry-run",
     "export": "the job needs the submit environment (SLURM_CONF, PATH)",
     "export-file": "the job needs the submit environment (SLURM_CONF, PATH)",
@@ -123,6 +123,18 @@ OWNED: dict[str, str] = {
     "time-min": "use hpcorch's --time (and --time-total)",
 }
 """Options hpcorch sets itself or has its own option for, and what to do instead."""
+
+NOT_SET = frozenset({"array", "wait", "parsable", "test-only", "export", "export-file"})
+"""Options of :data:`OWNED` that hpcorch refuses without setting them itself."""
+
+
+def owned_refusal(option: str) -> str:
+    """Why ``--option`` (one of :data:`OWNED`) is not passed to sbatch, in one phrase."""
+    reason = OWNED[option]
+    if option in NOT_SET or reason.startswith("use hpcorch's"):
+        return f"hpcorch does not pass --{option} on ({reason})"
+    return f"hpcorch sets --{option} itself ({reason})"
+
 
 POOL_REFUSED: dict[str, str] = {
     "exclude": "the controller places pool jobs on the pool's nodes",
@@ -266,7 +278,7 @@ def _passed(pooled: bool) -> str:
 def _refusal(option: str, pooled: bool) -> str | None:
     """Why ``--sbatch-arg`` refuses the sbatch option ``--OPTION``; None: it passes it."""
     if option in OWNED:
-        return f"hpcorch sets --{option} itself ({OWNED[option]})"
+        return owned_refusal(option)
     if pooled and option in POOL_REFUSED:
         return f"not for a job in a pool ({POOL_REFUSED[option]})"
     if option not in PASSED:
@@ -362,7 +374,7 @@ def check_extra(args: Sequence[str], pooled: bool) -> tuple[str, ...]:
     for arg in args:
         name, value = split_option(arg, pooled)
         if name in OWNED:
-            raise OptionError(f"--sbatch-arg {arg!r}: hpcorch sets --{name} itself ({OWNED[name]})")
+            raise OptionError(f"--sbatch-arg {arg!r}: {owned_refusal(name)}")
         if pooled and name in POOL_REFUSED:
             raise OptionError(
                 f"--sbatch-arg {arg!r}: not for a job in a pool ({POOL_REFUSED[name]})"

@@ -162,3 +162,21 @@ def test_pool_up_is_idempotent(slurm_pool: Pool) -> None:
     assert "starting" not in res.stderr  # nothing restarted
     status = slurm_pool.run(str(REPO / "slurm" / "pool"), "status").stdout
     assert status.count("idle") + status.count("mixed") + status.count("allocated") >= 4
+
+
+def test_submit_wait_exits_with_the_jobs_code_and_status_errs_as_squeue(
+    slurm_pool: Pool, tmp_path: Path
+) -> None:
+    """`submit --wait` returns when the job has ended, with its exit code (0: COMPLETED),
+    as sbatch --wait; `status -j` of a job Slurm does not know and `-u` of a user the
+    system does not know are errors, as in squeue."""
+    script = tmp_path / "exit.py"
+    script.write_text("import sys\nsys.exit(int(sys.argv[1]))\n")
+    ok = slurm_pool.hpcorch("submit", "--min-gpus", "1", "--wait", str(script), "0")
+    assert ok.returncode == 0 and "ended: COMPLETED (exit code 0)" in ok.stderr, ok.stderr
+    bad = slurm_pool.hpcorch("submit", "--min-gpus", "1", "--wait", str(script), "3", check=False)
+    assert bad.returncode != 0 and "ended: FAILED" in bad.stderr, bad.stderr
+    gone = slurm_pool.hpcorch("status", "-j", "4000000", check=False)
+    assert gone.returncode == 1 and "invalid job id(s): 4000000" in gone.stderr
+    nobody = slurm_pool.hpcorch("status", "-u", "nosuchuser-hpc", check=False)
+    assert nobody.returncode == 2 and "invalid user: nosuchuser-hpc" in nobody.stderr

@@ -113,3 +113,14 @@ def test_cpu_options(data_dir: Path, small_workload: Path) -> None:
     ]:
         code, _, err = _run(*base, *bad)
         assert code == 2 and msg in err, err
+
+
+def test_progress_lines_where_stderr_is_no_terminal(small_workload: Path) -> None:
+    """A batch job's log gets lines (each run's start, at most one every 30 s, the end),
+    not a bar that a file shows only at the end."""
+    code, _out, err = _run(str(small_workload), "--policy", "fifo,ones", "--nodes", "2")
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0].startswith("simulating small fifo: 0/")
+    assert any(line.startswith("simulating small ones: ") for line in lines)
+    assert lines[-1] == "simulated: 10/10 jobs done"  # 5 jobs, 2 policies

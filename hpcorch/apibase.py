@@ -1,0 +1,59 @@
+"""What the Python API's executors share (hpcorch/api.py for Slurm, hpcorch/local.py for
+this machine): their options, checked as the command line checks them, and the error of a
+job that ended without a result."""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from hpcorch import fnjob
+from hpcorch.errors import HpcorchError
+from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
+
+_ALIASES = {"time": "time_limit", "gpus": "min_gpus"}
+
+
+class JobError(HpcorchError):
+    """The job ended without a result, or its function raised (the message carries the
+    remote traceback)."""
+
+
+def valid_options() -> list[str]:
+    names = [
+        p.name
+        for p in inspect.signature(build_request).parameters.values()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in ("sidecar", "environ")
+    ]
+    return sorted([*names, *SIDECAR_KEYS, *_ALIASES])
+
+
+_HINTS = {"timeout_min": "time (e.g. '4:00:00')", "gpus_per_node": "min_gpus / max_gpus"}
+"""What to use instead of the options of submitit's executors that hpcorch has no twin of."""
+
+
+def request_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(valid_options()))
+    if unknown:
+        name = unknown[0]
+        hint = f"; use {_HINTS[name]}" if name in _HINTS else ""
+        raise RequestError(f"unknown option {name!r}{hint} (valid: {', '.join(valid_options())})")
+    opts = {_ALIASES.get(k, k): v for k, v in options.items()}
+    if opts.get("pool") is None and os.environ.get("HPCORCH_POOL"):
+        opts["pool"] = os.environ["HPCORCH_POOL"]  # as `hpcorch submit --pool`'s default
+    side = {k: opts.pop(k) for k in SIDECAR_KEYS if k in opts}
+    if "resume_args" in side and isinstance(side["resume_args"], str):
+        side["resume_args"] = (side["resume_args"],)
+    opts["sidecar"] = sidecar_spec(**side)
+    if "min_gpus" not in opts:
+        raise RequestError("min_gpus is required")
+    return opts
+
+
+def check_options(options: Mapping[str, Any]) -> None:
+    """The options' names and values, checked when they are set (not first at submit): a
+    bad one raises :class:`RequestError` with one line. ``min_gpus`` may come later."""
+    opts = request_kwargs({"min_gpus": 1, **options})
+    build_request(fnjob.__file__, (), **opts)
