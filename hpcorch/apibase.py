@@ -13,7 +13,7 @@ from hpcorch import fnjob
 from hpcorch.errors import HpcorchError
 from hpcorch.request import SIDECAR_KEYS, RequestError, build_request, sidecar_spec
 
-_ALIASES = {"time": "time_limit", "gpus": "min_gpus"}
+_ALIASES = {"time": "time_limit", "gpus": "min_gpus", "slurm_setup": "setup"}
 
 
 class JobError(HpcorchError):

@@ -143,6 +143,28 @@ def sidecar_spec(
     )
 
 
+MAX_SETUP_LINES = 32
+MAX_SETUP_CHARS = 1000
+
+
+def setup_lines(lines: Sequence[str]) -> tuple[str, ...]:
+    """``--setup`` lines as the batch script will run them: shell code the user asks for,
+    in their own job (e.g. ``module load cuda/12.4``), so not quoted; but each one line
+    (no newline, carriage return or NUL), not blank, at most 1000 characters, 32 lines."""
+    if isinstance(lines, str):
+        lines = [lines]
+    if not all(isinstance(line, str) for line in lines):
+        raise RequestError("--setup lines must be strings")
+    if len(lines) > MAX_SETUP_LINES:
+        raise RequestError(f"at most {MAX_SETUP_LINES} --setup lines, got {len(lines)}")
+    for line in lines:
+        if any(c in line for c in "\n\r\0"):
+            raise RequestError(f"--setup {line!r}: one line each (no newline or NUL)")
+        if not line.strip() or len(line) > MAX_SETUP_CHARS:
+            raise RequestError(f"--setup {line[:40]!r}: 1 to {MAX_SETUP_CHARS} characters")
+    return tuple(lines)
+
+
 SIDECAR_KEYS: tuple[str, ...] = tuple(inspect.signature(sidecar_spec).parameters)
 """The sidecar's options, by the names :func:`sidecar_spec` takes (CLI and API alike)."""
 
@@ -177,6 +199,7 @@ def build_request(
     dependency: str | None = None,
     exclusive: bool = False,
     sbatch_args: Sequence[str] = (),
+    setup: Sequence[str] = (),
     environ: Mapping[str, str] | None = None,
 ) -> SubmitRequest:
     """A checked request. ``environ`` (default: this process's) supplies the ``SBATCH_*``
@@ -260,4 +283,5 @@ def build_request(
         max_relaunches=max_relaunches_of(max_relaunches),
         epochs=declared_epochs,
         dataset_size=declared_samples,
+        setup=setup_lines(setup),
     )

@@ -67,6 +67,8 @@ class SubmitRequest:
     """The job's declared length in epochs (None: not declared)."""
     dataset_size: int | None = None
     """Samples per epoch the job declares (None: not declared)."""
+    setup: tuple[str, ...] = ()
+    """Shell lines the batch script runs before the job on every launch (checked)."""
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         epochs=req.epochs,
         dataset_size=req.dataset_size,
         spool=str(spool_dir()) if req.pool is not None else None,
+        setup=req.setup,
     )
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcorch.request import RequestError, setup_lines
 from hpcorch.slurm.script import (
     JobSpec,
     SidecarSpec,
@@ -92,6 +93,27 @@ def test_script_arguments_reach_the_wrapper_unchanged(tmp_path: Path) -> None:
     subprocess.run(["/bin/bash", "-c", script], env=env, check=True)
     argv = json.loads((tmp_path / "wrapper.sh.out").read_text())
     assert argv == ["/home/u/train.py", *NASTY]
+
+
+def test_setup_lines_run_before_the_job_in_its_shell(tmp_path: Path) -> None:
+    """`--setup` lines run in the batch script's shell before the wrapper (a module load, a
+    variable the job sees); a line that is not one line, or blank, is refused."""
+    wrapper = tmp_path / "wrapper.sh"
+    wrapper.write_text("import json, os\njson.dump(os.environ['FROM_SETUP'], open('seen', 'w'))\n")
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "bash").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
+    (fake_bin / "bash").chmod(stat.S_IRWXU)
+    lines = ('export FROM_SETUP="set up; $((6 * 7))"', "cd " + str(tmp_path))
+    script = render_batch_script(spec(wrapper=str(wrapper), setup=lines))
+    assert script.index(lines[1]) < script.index("exec bash")
+    env = {**os.environ, "PATH": f"{fake_bin}:{os.environ['PATH']}"}
+    subprocess.run(["/bin/bash", "-c", script], env=env, check=True, cwd="/")
+    assert json.loads((tmp_path / "seen").read_text()) == "set up; 42"
+    for bad in (["a\nb"], [""], ["x" * 1001], ["true"] * 33, ["a\0"]):
+        with pytest.raises(RequestError, match="--setup"):
+            setup_lines(bad)
+    assert setup_lines(["module load cuda"]) == ("module load cuda",)
 
 
 def test_comment_round_trips() -> None:

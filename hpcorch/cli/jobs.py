@@ -175,6 +175,13 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 )
 @slurm_options
 @click.option("--dry-run", is_flag=True, help="Print the batch script; submit nothing.")
+@click.option(
+    "--setup",
+    multiple=True,
+    metavar="LINE",
+    help="A shell line the batch script runs before the job on every launch, e.g. "
+    "--setup 'module load cuda/12.4' (repeatable; submitit's setup).",
+)
 @click.option("--parsable", is_flag=True, help="Print only the Slurm job id.")
 @click.option(
     "--wait",

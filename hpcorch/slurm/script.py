@@ -135,6 +135,9 @@ class JobSpec:
     is queued, until the job reports its own (None: not declared)."""
     dataset_size: int | None = None
     """Samples per epoch the user declared (None: not declared)."""
+    setup: tuple[str, ...] = ()
+    """The user's shell lines run before the job on every launch (``--setup``), checked by
+    :func:`hpcorch.request.setup_lines`."""
     spool: str | None = None
     """The controller's spool (a job in its pool): the wrapper reads the plan from
     <spool>/<Slurm job id>/plan.json, which only the controller writes."""
@@ -292,6 +295,11 @@ def render_batch_script(spec: JobSpec) -> str:
         f"# {spec.min_gpus}-{spec.max_gpus} GPUs; this launch: {spec.nodes} node(s) x "
         f"{spec.gpus_per_node} GPU(s).",
         *(f"export {key}={shlex.quote(value)}" for key, value in env),
+        *(
+            ["# set-up (hpcorch submit --setup), on every launch:", *spec.setup]
+            if spec.setup
+            else []
+        ),
         "exec bash " + " ".join(shlex.quote(a) for a in _command(spec)),
         "",
     ]
