@@ -81,7 +81,8 @@ def _lock(directory: Path) -> Iterator[None]:
 @click.option(
     "--nodes",
     type=params.NameList(hostlist=True),
-    help="Nodes for a new reservation, e.g. n[1-4] [default: the partition's].",
+    help="Nodes of a new reservation, e.g. n[1-4], or a count of idle GPU nodes of the "
+    "partition, e.g. 4 (required to create one; the controller holds only these).",
 )
 @click.option("--users", type=params.NameList(), help="Users of a new reservation [default: you].")
 @click.option("--partition", type=params.Name(), help="Partition of a new reservation.")
@@ -235,14 +236,11 @@ def controller(
             version = check_supported(cluster.backend.version())
             cluster.backend.use(behaviour(version))
             log.info("Slurm %s (slurmctld), through %s", version, backend_name(cluster.backend))
-            if nodes is None:
-                part = partition or cluster.backend.partitions()[1]
-                nodes = ",".join(
-                    n.name for n in cluster.backend.nodes() if part in n.partitions and n.gpus
-                )
+            if reservation not in cluster.backend.reservations():
+                nodes = pool_nodes(cluster, reservation, nodes, partition)
             if fresh:
                 _check_fresh_state(cluster, directory, reservation, adopt)
-            done = cluster.ensure_reservation(nodes, users or getpass.getuser(), partition)
+            done = cluster.ensure_reservation(nodes or "", users or getpass.getuser(), partition)
         except HpcorchError as exc:
             raise click.ClickException(str(exc)) from exc
         except OSError as exc:
@@ -250,10 +248,11 @@ def controller(
         store.set_meta("reservation", reservation)
         pool = cluster.reservation_nodes()
         log.info(
-            "%s reservation '%s' (%d nodes); policy %s; state in %s; plans in %s",
+            "%s reservation '%s' (%d nodes: %s, all it holds); policy %s; state in %s; plans in %s",
             done,
             reservation,
             len(pool),
+            ",".join(pool),
             policy,
             directory,
             spool_root,
@@ -309,6 +308,37 @@ def _check_reservation(store: Store, directory: Path, reservation: str, adopt: b
         f"hpcorch-controller: state of reservation '{kept}' taken over for '{reservation}'",
         err=True,
     )
+
+
+def pool_nodes(
+    cluster: SlurmCluster, reservation: str, nodes: str | None, partition: str | None
+) -> str:
+    """The nodes of a reservation the controller is to create: those named, or a count of
+    idle GPU nodes of the partition outside other reservations. Never the whole partition
+    unasked: other jobs may share it (admin guide, "Sharing a partition")."""
+    if nodes is None:
+        raise HpcorchError(
+            f"reservation '{reservation}' does not exist: give --nodes, the nodes it is to "
+            "hold (e.g. n[1-4]) or a count of idle ones (e.g. 4); the controller holds only "
+            "those"
+        )
+    if not nodes.isdigit():
+        return nodes
+    want = int(nodes)
+    part = partition or cluster.backend.partitions()[1]
+    taken = {n for names in cluster.backend.reservations().values() for n in names}
+    idle = [
+        n.name
+        for n in cluster.backend.nodes()
+        if part in n.partitions and n.gpus and n.usable and not n.gpus_used
+        and not n.cpus_used and n.name not in taken
+    ]  # fmt: skip
+    if want < 1 or len(idle) < want:
+        raise HpcorchError(
+            f"--nodes {want}: partition '{part}' has {len(idle)} idle GPU node(s) outside "
+            f"other reservations ({','.join(idle) or 'none'}); name the nodes instead"
+        )
+    return ",".join(idle[:want])
 
 
 def _check_fresh_state(

@@ -111,3 +111,28 @@ def _cpus(pool: Pool, job: int) -> int:
 def _gpus(pool: Pool, job: int) -> int:
     j = pool.squeue().get(job)
     return j.gpus if j and j.nodes else 0
+
+
+def test_a_new_pool_holds_only_the_nodes_it_is_given(env_pool: Pool, tmp_path: Path) -> None:
+    """Never the whole partition unasked: a reservation to create needs --nodes, names or
+    a count of idle GPU nodes (outside other reservations), and the log names what it
+    holds."""
+    res = f"t-nodes-{os.getpid()}"
+    base = ["controller", "--reservation", res, "--once"]
+    try:
+        none = env_pool.hpcorch(*base, "--state-dir", str(tmp_path / "a"), check=False)
+        assert none.returncode == 1 and "give --nodes" in none.stderr, none.stderr
+        assert res not in env_pool.run("scontrol", "show", "reservation").stdout
+        many = env_pool.hpcorch(
+            *base, "--nodes", "99", "--state-dir", str(tmp_path / "b"), check=False
+        )
+        assert many.returncode == 1 and "idle GPU node(s)" in many.stderr, many.stderr
+        one = env_pool.hpcorch(*base, "--nodes", "1", "--state-dir", str(tmp_path / "c"))
+        shown = env_pool.run("scontrol", "show", "reservation", res).stdout
+        node = re.search(r"Nodes=(\S+)", shown)
+        assert node is not None and re.fullmatch(r"n\d", node.group(1)), shown
+        assert f"(1 nodes: {node.group(1)}, all it holds)" in one.stderr
+    finally:
+        subprocess.run(
+            ["scontrol", "delete", f"reservation={res}"], env=env_pool.env, capture_output=True
+        )
