@@ -80,3 +80,29 @@ def test_every_command_on_gpu_a_nodes(accounting_pool: Pool, tmp_path: Path) -> 
         subprocess.run(["scancel", f"--reservation={res}"], env=pool.env, check=False)
         time.sleep(1)
         subprocess.run(["scontrol", "delete", "reservation", res], env=pool.env, check=False)
+
+
+def test_the_site_files_reservation_command_works_as_written(accounting_pool: Pool) -> None:
+    """slurm/site/slurm.conf.fragment's `scontrol create reservation` (the admin guide's),
+    on this pool's nodes and an existing group: accepted, ten years, no FLEX."""
+    import grp
+    import shlex
+
+    text = Path(__file__).resolve().parents[2] / "slurm" / "site" / "slurm.conf.fragment"
+    lines = [ln.lstrip("# ").rstrip("\\ ").strip() for ln in text.read_text().splitlines()]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("scontrol create reservation"))
+    argv = shlex.split(lines[start] + " " + lines[start + 1])
+    group = grp.getgrgid(0).gr_name
+    swap = {"ReservationName": "t-fragment", "Nodes": "gpu-a004", "Groups": group}
+    argv = [f"{k}={swap[k]}" if (k := a.split("=", 1)[0]) in swap and "=" in a else a for a in argv]
+    assert "Duration=3650-00:00:00" in argv and not any("FLEX" in a for a in argv)
+    try:
+        accounting_pool.run(*argv)
+        shown = accounting_pool.run("scontrol", "show", "reservation", "t-fragment").stdout
+        assert "Flags=IGNORE_JOBS" in shown and f"Groups={group}" in shown, shown
+        assert "FLEX" not in shown
+    finally:
+        subprocess.run(
+            ["scontrol", "delete", "reservation=t-fragment"], env=accounting_pool.env,
+            capture_output=True,
+        )  # fmt: skip
