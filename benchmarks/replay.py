@@ -483,7 +483,8 @@ def main() -> None:
         doc = run(args)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(table(doc))
-    print(f"written: {args.out}" + (f", {args.picture}" if args.picture else ""))
+    drawn = args.picture and not args.resimulate
+    print(f"written: {args.out}" + (f", {args.picture}" if drawn else ""))
 
 
 if __name__ == "__main__":
