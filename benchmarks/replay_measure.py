@@ -37,10 +37,10 @@ def _starts(decisions: list[dict[str, Any]], jid: int) -> list[float]:
 
 def planned_waits(
     decisions: list[dict[str, Any]], running: dict[int, list[float]], end: float
-) -> list[float]:
-    """Seconds each launch the controller released stayed pending in Slurm: to the first
-    time Slurm showed the job RUNNING after the release (the poller's 2 s), else to the
-    controller's next decision on the job (a launch held again and planned afresh)."""
+) -> list[tuple[float, int]]:
+    """(seconds, job) for each launch the controller released: how long it stayed pending
+    in Slurm, to the first time it was seen running after the release (``running``), else
+    to the controller's next decision on the job (a launch held again and planned afresh)."""
     waits = []
     for jid in {int(d["slurm_id"]) for d in decisions}:
         mine = sorted(
@@ -54,7 +54,7 @@ def planned_waits(
                 continue
             nxt = mine[k + 1][0] if k + 1 < len(mine) else end
             ran = next((r for r in seen if r >= t - 1.0), None)
-            waits.append(max(0.0, (min(ran, nxt) if ran is not None else nxt) - t))
+            waits.append((max(0.0, (min(ran, nxt) if ran is not None else nxt) - t), jid))
     return waits
 
 
@@ -65,6 +65,7 @@ def real_summary(
     GPU utilisation (GPU-seconds held over the pool's from the first arrival to the last
     completion) and the longest planned launch's wait in Slurm, as the simulator's."""
     jobs = [j for j in _rows(state_db, "SELECT * FROM jobs") if int(j["slurm_id"]) in ids]
+    names = {int(j["slurm_id"]): str(j["name"]) for j in jobs}
     decisions = _rows(state_db, "SELECT * FROM decisions")
     done = [j for j in jobs if j["phase"] == "done" and float(j["finished_at"]) > 0]
     jcts = np.array([float(j["finished_at"]) - float(j["submit_time"]) for j in done] or [0.0])
@@ -73,7 +74,17 @@ def real_summary(
     first = min((float(j["submit_time"]) for j in jobs), default=t0) - t0
     used = sum(float(j["gpu_seconds"]) for j in jobs)
     span = max(makespan - first, 1e-9)
-    waits = planned_waits(decisions, running, max(ends))
+    # a launch ran when the poller saw it RUNNING, or (a job shorter than the poll) when
+    # its processes reported their start, or it ended
+    ran: dict[int, list[float]] = {i: list(v) for i, v in running.items()}
+    for j in jobs:
+        jid = int(j["slurm_id"])
+        seen = ran.setdefault(jid, [])
+        seen += [float(x["time"]) for x in _lines(str(j["job_dir"])) if x.get("event") == "start"]
+        if float(j["finished_at"]) > 0:
+            seen.append(float(j["finished_at"]))
+    waits = planned_waits(decisions, ran, max(ends))
+    longest = sorted(((w, names.get(i, str(i))) for w, i in waits), key=lambda x: -x[0])[:3]
     meta = {r["key"]: r["value"] for r in _rows(state_db, "SELECT key, value FROM meta")}
     return {
         "avg_jct": float(jcts.mean()),
@@ -81,7 +92,8 @@ def real_summary(
         "makespan": float(makespan),
         "restarts_per_job": float(np.mean([max(int(j["launches"]) - 1, 0) for j in jobs] or [0])),
         "gpu_utilisation": float(used / (span * POOL_GPUS)),
-        "max_wait_planned_s": round(max(waits, default=0.0), 1),
+        "max_wait_planned_s": round(max((w for w, _ in waits), default=0.0), 1),
+        "longest_planned_waits": [[name, round(w, 1)] for w, name in longest],
         "launches": int(sum(int(j["launches"]) for j in jobs)),
         "resizes": int(sum(int(j["resizes"]) for j in jobs)),
         # cycles in which the controller's view of a node's GPUs was not Slurm's
