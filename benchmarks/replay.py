@@ -442,7 +442,7 @@ def main() -> None:
         "--finish-s",
         type=float,
         default=0.0,
-        help="a job's last step -> its end in Slurm on this pool (costs.finish.median)",
+        help="a job's last step -> its end in Slurm on this pool (costs.finish.mean)",
     )
     p.add_argument("--slurm", default="22.05")
     p.add_argument("--pool-dir", default=str(REPO / ".run" / "replay-pool"))

@@ -131,22 +131,18 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def fit_startup(pairs: list[tuple[int, float]]) -> tuple[float, float]:
-    """(a, b) of start-up = a + b x GPUs by least absolute deviations over the launches
-    (GPUs, seconds): a launch Slurm kept pending, or a node slow to answer, pulls a least
-    squares line; the median line (iteratively reweighted) does not. b >= 0, a >= 0."""
+    """(a, b) of start-up = a + b x GPUs, least squares over the launches (GPUs, seconds):
+    the mean line, since the average JCT is what real and simulated compare (a median line
+    leaves out the slow starts that every average pays). b >= 0, a >= 0."""
     if not pairs:
         return 0.0, 0.0
     x = np.array([float(g) for g, _ in pairs])
     y = np.array([t for _, t in pairs])
     if len(set(x)) < 2:
-        return float(np.median(y)), 0.0
-    w = np.ones_like(y)
-    a, b = float(np.median(y)), 0.0
-    for _ in range(50):
-        b, a = np.polyfit(x, y, 1, w=np.sqrt(w))
-        w = 1.0 / np.maximum(np.abs(y - (a + b * x)), 0.05)
+        return round(float(y.mean()), 2), 0.0
+    b, a = np.polyfit(x, y, 1)
     b = max(float(b), 0.0)
-    a = max(float(np.median(y - b * x)), 0.0)
+    a = max(float(np.mean(y - b * x)), 0.0)
     return round(a, 2), round(b, 2)
 
 
@@ -162,7 +158,8 @@ def launch_costs(state_db: Path, running: dict[int, list[float]]) -> dict[str, A
       torch, process group, checkpoint read);
     * startup: release -> first step, what the simulator's ``startup_s`` stands for, and
       ``startup_fit``: a + b x GPUs fitted to it (``startup_s``, ``startup_per_gpu_s``);
-    * finish: a completed job's last step ("done") -> its end in Slurm (``finish_s``).
+    * finish: a completed job's last step ("done") -> its end in Slurm (its mean is the
+      simulator's ``finish_s``).
 
     A launch held again before it ran (Slurm kept it pending) has no parts after release.
     """
