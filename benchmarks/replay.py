@@ -34,6 +34,7 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -125,7 +126,8 @@ def ensure_user(name: str) -> None:
 def user_site(dst: Path) -> Path:
     """A world-readable copy (hard links where it can) of the packages the jobs import, for
     the users' own Python (/usr/bin/python3): this interpreter's may sit where they cannot
-    read (a virtual environment over a private installation)."""
+    read (a virtual environment over a private installation); and of hpcorch, the job
+    wrapper and the emulated job, which the users run from there."""
     import click  # noqa: F401
     import numpy  # noqa: F401
     import scipy.interpolate  # noqa: F401
@@ -155,6 +157,12 @@ def user_site(dst: Path) -> Path:
         copied = subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True)
         if copied.returncode != 0:
             subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    # hpcorch itself (with the profiles), the job wrapper and the emulated job: a checkout
+    # the users may not be able to read (CI's, a home directory) is never on their path
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO / "hpcorch", dst / "hpcorch", ignore=ignore)
+    shutil.copytree(REPO / "jobscripts", dst / "jobscripts", ignore=ignore)
+    shutil.copy2(JOB, dst / JOB.name)
     subprocess.run(["chmod", "-R", "a+rX", str(dst)], check=True)
     return dst
 
@@ -189,7 +197,7 @@ def submit(
     py = USER_PYTHON
     user_env = {
         "PATH": env["PATH"],
-        "PYTHONPATH": f"{site}:{REPO}",
+        "PYTHONPATH": str(site),
         "SLURM_CONF": env["SLURM_CONF"],
         "HOME": str(home),
         "HPCORCH_HOME": str(home),
@@ -207,7 +215,8 @@ def submit(
         "--max-per-gpu-batch", str(app.max_micro), "--app", job.application,
         "--epochs", str(app.epochs),
         "--dataset-size", str(max(1, round(app.progress_per_epoch_hint * app.init_batch))),
-        "--parsable", str(JOB), "--app", job.application, "--time-scale", f"{scale:g}",
+        "--parsable", str(site / JOB.name), "--app", job.application,
+        "--time-scale", f"{scale:g}",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=str(home))
     if out.returncode != 0:
