@@ -16,8 +16,9 @@ The replay of a workload on the real pool (``benchmarks/replay.py``, 40 emulated
 load no data and build no model, on an otherwise idle 2-core machine) measured, on Slurm
 22.05: checkpoint 0.38 s (median; 0.17-1.55), exit to requeue 0.46 s, a start-up of
 2.87 s + 1.11 s per GPU (least squares over 52 launches of 1-15 GPUs; 1.8-21.3 s), and a
-job's end 1.92 s after its last step (mean; 0-6.4 s). The start-up's per-GPU part is the two cores every rank imports torch
-on; the defaults stay those of real training jobs on a loaded machine, and a replay gives
+job's end 1.92 s after its last step (mean; 0-6.4 s). The start-up's per-GPU part is the
+two cores every rank imports torch on; the defaults stay those of real training jobs on a
+loaded machine, and a replay gives
 its pool's own figures to the simulator (``--startup-s``, ``--startup-per-gpu-s``,
 ``--finish-s``).
 """
