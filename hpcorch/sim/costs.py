@@ -18,9 +18,8 @@ load no data and build no model, on an otherwise idle 2-core machine) measured, 
 2.87 s + 1.11 s per GPU (least squares over 52 launches of 1-15 GPUs; 1.8-21.3 s), and a
 job's end 1.92 s after its last step (mean; 0-6.4 s). The start-up's per-GPU part is the
 two cores every rank imports torch on; the defaults stay those of real training jobs on a
-loaded machine, and a replay gives
-its pool's own figures to the simulator (``--startup-s``, ``--startup-per-gpu-s``,
-``--finish-s``).
+loaded machine, and a replay gives its pool's own figures to the simulator
+(``--startup-s``, ``--startup-per-gpu-s``, ``--finish-s``).
 """
 
 from __future__ import annotations
