@@ -30,15 +30,19 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from hpcorch import fnjob
-from hpcorch.apibase import JobError, check_options, request_kwargs
+from hpcorch.apibase import (
+    JobError,
+    check_options,
+    function_payload,
+    job_name_of,
+    request_kwargs,
+)
 from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import HpcorchError
 from hpcorch.joblogs import find_job_dir, is_over, launch_slice, log_name, pooled_job
@@ -101,18 +105,10 @@ class Executor:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Job:
         """Submit ``fn(*args, **kwargs)``, called on every task of the job; rank 0's
         return value is what :meth:`Job.result` gives."""
-        if not callable(fn):
-            raise RequestError(f"submit() takes a function, got {type(fn).__name__}")
-        path = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
-        try:
-            data = fnjob.payload(fn, args, kwargs, path)
-        except Exception as exc:
-            hint = "" if _has_cloudpickle() else " (pip install cloudpickle for such functions)"
-            raise RequestError(f"the function cannot be pickled: {exc}{hint}") from exc
+        data = function_payload(fn, args, kwargs)
         opts = dict(self.options)
         if not opts.get("name"):
-            raw = getattr(fn, "__name__", "function")
-            opts["name"] = re.sub(r"[^A-Za-z0-9_.+-]", "_", raw).lstrip("_.+-")[:64] or "function"
+            opts["name"] = job_name_of(fn)
         req = build_request(fnjob.__file__, (), **request_kwargs(opts))
         result = _submit(req, self.backend, files={fnjob.PAYLOAD_FILE: data})
         assert result.slurm_id is not None
@@ -122,7 +118,7 @@ class Executor:
 def _map_array(ex: Executor, fn: Callable[..., Any], *iterables: Any) -> list[Job]:
     """One elastic job per item, each scheduled by the controller as any other."""
     items = list(zip(*iterables, strict=True))
-    base = ex.options.get("name") or re.sub(r"[^A-Za-z0-9_.+-]", "_", fn.__name__)[:56]
+    base = ex.options.get("name") or job_name_of(fn, 56)
     jobs = []
     for i, args in enumerate(items):
         sub = Executor(ex._backend, **{**ex.options, "name": f"{base}_{i}"})
@@ -144,14 +140,6 @@ def submit_function(
 ) -> Job:
     """``Executor(**options).submit(fn, *args, **kwargs)``."""
     return Executor(**options).submit(fn, *args, **dict(kwargs or {}))
-
-
-def _has_cloudpickle() -> bool:
-    try:
-        import cloudpickle  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 class Job:

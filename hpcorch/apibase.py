@@ -1,12 +1,14 @@
 """What the Python API's executors share (hpcorch/api.py for Slurm, hpcorch/local.py for
-this machine): their options, checked as the command line checks them, and the error of a
-job that ended without a result."""
+this machine): their options, checked as the command line checks them, a function job's
+payload and name, and the error of a job that ended without a result."""
 
 from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Mapping
+import re
+import sys
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from hpcorch import fnjob
@@ -57,3 +59,30 @@ def check_options(options: Mapping[str, Any]) -> None:
     bad one raises :class:`RequestError` with one line. ``min_gpus`` may come later."""
     opts = request_kwargs({"min_gpus": 1, **options})
     build_request(fnjob.__file__, (), **opts)
+
+
+def function_payload(fn: Callable[..., Any], args: Any, kwargs: Any) -> bytes:
+    """What a function job loads (hpcorch/fnjob.py): the call, with this process's import
+    path; :class:`RequestError` for what is no function or cannot be pickled."""
+    if not callable(fn):
+        raise RequestError(f"submit() takes a function, got {type(fn).__name__}")
+    path = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
+    try:
+        return fnjob.payload(fn, args, kwargs, path)
+    except Exception as exc:
+        hint = "" if has_cloudpickle() else " (pip install cloudpickle for such functions)"
+        raise RequestError(f"the function cannot be pickled: {exc}{hint}") from exc
+
+
+def job_name_of(fn: Callable[..., Any], limit: int = 64) -> str:
+    """A job name from a function's name (letters, digits and _ . + -)."""
+    raw = getattr(fn, "__name__", "function")
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", raw).lstrip("_.+-")[:limit] or "function"
+
+
+def has_cloudpickle() -> bool:
+    try:
+        import cloudpickle  # type: ignore[import-not-found,import-untyped,unused-ignore]  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcorch import fnjob
-from hpcorch.apibase import JobError, check_options
+from hpcorch.apibase import JobError, check_options, function_payload, job_name_of
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import jobs_dir
 from hpcorch.request import RequestError
@@ -107,24 +107,18 @@ class LocalExecutor:
         path = Path(script)
         if not path.is_file():
             raise RequestError(f"script {os.fspath(script)!r} does not exist or is not a file")
-        return self._start([sys.executable, str(path.resolve()), *args], path.stem, False)
+        name = re.sub(r"[^A-Za-z0-9_.+-]", "_", path.stem)[:64] or "job"
+        return self._start([sys.executable, str(path.resolve()), *args], name, False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> LocalJob:
-        if not callable(fn):
-            raise RequestError(f"submit() takes a function, got {type(fn).__name__}")
-        sys_path = [os.path.abspath(p) for p in sys.path if p and os.path.isdir(p)]
-        try:
-            data = fnjob.payload(fn, args, kwargs, sys_path)
-        except Exception as exc:
-            raise RequestError(f"the function cannot be pickled: {exc}") from exc
-        name = getattr(fn, "__name__", "function")
-        return self._start([sys.executable, fnjob.__file__], name, True, data)
+        data = function_payload(fn, args, kwargs)
+        return self._start([sys.executable, fnjob.__file__], job_name_of(fn), True, data)
 
     def map_array(self, fn: Callable[..., Any], *iterables: Any) -> list[LocalJob]:
         return [self.submit(fn, *items) for items in zip(*iterables, strict=True)]
 
     def _start(self, argv: list[str], name: str, function: bool, payload: bytes = b"") -> LocalJob:
-        label = self.options.get("name") or re.sub(r"[^A-Za-z0-9_.+-]", "_", name)[:64]
+        label = self.options.get("name") or name
         try:
             base = jobs_dir()
             base.mkdir(parents=True, exist_ok=True)
