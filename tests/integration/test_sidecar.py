@@ -34,9 +34,12 @@ STEP_RE = r"step (\d+)/(\d+)"
 @pytest.fixture
 def ctl(env_pool: Pool, tmp_path: Path) -> Iterator[ControllerProc]:
     res = f"t-side-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    # --restart-cost 2: a launch may be resized 4 s after its start (min-run), not 30 s
+    # (the default cost): on an idle machine these jobs train for 15-25 s in all
     proc = ControllerProc(
-        env_pool, tmp_path / "ctl", res, "--nodes", "n1", "--policy", "share", *FAST
-    )
+        env_pool, tmp_path / "ctl", res, "--nodes", "n1", "--policy", "share",
+        "--restart-cost", "2", *FAST,
+    )  # fmt: skip
     proc.start()
     try:
         yield proc

@@ -85,14 +85,16 @@ def test_every_command_on_gpu_a_nodes(accounting_pool: Pool, tmp_path: Path) -> 
 def test_the_site_files_reservation_command_works_as_written(accounting_pool: Pool) -> None:
     """slurm/site/slurm.conf.fragment's `scontrol create reservation` (the admin guide's),
     on this pool's nodes and an existing group: accepted, ten years, no FLEX."""
-    import grp
     import shlex
+
+    from tests.integration.users import ALICE, ensure_user
 
     text = Path(__file__).resolve().parents[2] / "slurm" / "site" / "slurm.conf.fragment"
     lines = [ln.lstrip("# ").rstrip("\\ ").strip() for ln in text.read_text().splitlines()]
     start = next(i for i, ln in enumerate(lines) if ln.startswith("scontrol create reservation"))
     argv = shlex.split(lines[start] + " " + lines[start + 1])
-    group = grp.getgrgid(0).gr_name
+    ensure_user(ALICE)  # a group with a member: Slurm wants "at least 1 user or 1 account"
+    group = ALICE
     swap = {"ReservationName": "t-fragment", "Nodes": "gpu-a004", "Groups": group}
     argv = [f"{k}={swap[k]}" if (k := a.split("=", 1)[0]) in swap and "=" in a else a for a in argv]
     assert "Duration=3650-00:00:00" in argv and not any("FLEX" in a for a in argv)
