@@ -57,7 +57,9 @@ def plot(report: Report, out: Path) -> None:
     span = max(report.end, 1.0)
     # one scale for every bar: a 1-GPU launch is an eighth as high as an 8-GPU one
     most = max((s.gpus for j in jobs for s in [*j.segments, *j.starting]), default=1)
-    char_w = span / 150  # a 7-point character, in seconds, on a 10-inch figure
+    # a 7-point character (the arrow is wider), in seconds, on the axes of a 10-inch figure
+    # (about 7.8 inches after the job labels): 150 per span let "40->80" and "176->240" touch
+    char_w = span / 105
     for i, job in enumerate(jobs):
         y = len(jobs) - 1 - i
         colour = COLOURS[i % len(COLOURS)]
@@ -87,7 +89,7 @@ def plot(report: Report, out: Path) -> None:
             if not free:
                 continue  # no room: the diamond stays, the JSON has every change
             r = free[0]
-            row_end[r] = m.time + char_w * (len(m.label) + 1)
+            row_end[r] = m.time + char_w * (len(m.label) + 2)
             ax.annotate(
                 m.label, (m.time, y + 0.42), xytext=(3, 4 + 9 * r),
                 textcoords="offset points", fontsize=7,
