@@ -33,7 +33,6 @@ import contextlib
 import csv
 import json
 import os
-import shlex
 import shutil
 import signal
 import sqlite3
@@ -48,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from benchmarks.replay_measure import launch_costs, real_summary  # noqa: E402
+from benchmarks.slurm_backends import pool_env  # noqa: E402
 from hpcorch.sim.traces import default_data_dir, load_apps  # noqa: E402
 from hpcorch.sim.workload import WorkloadJob, load_workload  # noqa: E402
 
@@ -165,19 +165,6 @@ def user_site(dst: Path) -> Path:
     shutil.copy2(JOB, dst / JOB.name)
     subprocess.run(["chmod", "-R", "a+rX", str(dst)], check=True)
     return dst
-
-
-def pool_env(pool_dir: Path) -> dict[str, str]:
-    env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
-    out = subprocess.run(
-        ["bash", "-c", f'eval "$({shlex.quote(str(POOL))} env)" && env -0'],
-        env=env, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    got = dict(item.split("=", 1) for item in out.stdout.split("\0") if "=" in item)
-    for key in ("SLURM_CONF", "PATH", "LD_LIBRARY_PATH"):
-        if key in got:
-            env[key] = got[key]
-    return env
 
 
 def submit(
