@@ -75,7 +75,6 @@ class Watch:
 
     running: dict[int, list[float]] = field(default_factory=dict)
     states: dict[int, str] = field(default_factory=dict)
-    _last: dict[int, tuple[str, int]] = field(default_factory=dict)
 
     def poll(self, env: dict[str, str], ids: set[int]) -> None:
         out = subprocess.run(
@@ -88,11 +87,9 @@ class Watch:
             if len(parts) < 2 or not parts[0].isdigit() or int(parts[0]) not in ids:
                 continue
             jid, state = int(parts[0]), parts[1]
-            self.states[jid] = state
-            prev = self._last.get(jid, ("", 0))[0]
-            if state == "RUNNING" and prev != "RUNNING":
+            if state == "RUNNING" and self.states.get(jid) != "RUNNING":
                 self.running.setdefault(jid, []).append(now)
-            self._last[jid] = (state, 0)
+            self.states[jid] = state
 
 
 def cut(
