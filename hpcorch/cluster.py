@@ -69,6 +69,9 @@ class ObservedJob:
     per_node: tuple[int, ...] = ()
     """GPUs on each of ``node_names`` (same order) when the cluster reports them, e.g. an
     uneven placement; empty: ``gpus_per_node`` on every node."""
+    special_exit: bool = False
+    """Requeued held by the job itself after a checkpoint on request (Slurm's SPECIAL_EXIT
+    state; the job wrapper's ``requeuehold State=SpecialExit``): a relaunch to make."""
 
     @property
     def gpus(self) -> int:

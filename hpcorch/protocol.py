@@ -64,6 +64,10 @@ ENV_MAX_GLOBAL_BATCH = "HPCORCH_MAX_GLOBAL_BATCH"
 """Bounds on the global batch; the runtime clamps any plan into them."""
 ENV_LAUNCH = "HPCORCH_LAUNCH"
 """Launch counter of this job (0 for the first launch, +1 per relaunch)."""
+ENV_QUIET_RELAUNCH = "HPCORCH_QUIET_RELAUNCH"
+"""Set to 1 by the job wrapper: the runtime's tasks exit 0, not EXIT_RELAUNCH, after a
+checkpoint on request, once rank 0's heartbeat of this launch says "exit 75" (the wrapper
+reads it there). Slurm's accounting then shows no failed step for a resize."""
 ENV_CKPT_SIGNAL = "HPCORCH_CKPT_SIGNAL"
 """Signal name(s) that request a safe-point checkpoint, comma separated (default USR2)."""
 ENV_JOB_ID = "HPCORCH_JOB_ID"

@@ -53,8 +53,9 @@ class Action:
     """One thing to ask of the cluster."""
 
     kind: str
-    """start, hold, signal, requeue_hold, or rebatch (a running job's plan rewritten with
-    its own launch number: a new global batch at its next step, no restart)."""
+    """start, hold, signal, requeue_hold, cancel (a job its wrapper requeued held whose time
+    budget or relaunch cap is spent), or rebatch (a running job's plan rewritten with its
+    own launch number: a new global batch at its next step, no restart)."""
     slurm_id: int
     shape: Shape | None = None
     reason: str = ""

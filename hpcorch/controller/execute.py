@@ -58,6 +58,8 @@ class Executor:
                 self.cluster.hold(rec.slurm_id)
             elif a.kind == "requeue_hold":
                 self.cluster.requeue_hold(rec.slurm_id)
+            elif a.kind == "cancel":
+                self.cluster.cancel(rec.slurm_id)
             return "done"
         except Exception as exc:
             msg = describe(exc)

@@ -37,7 +37,7 @@ from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 __all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "start": 3, "rebatch": 4}
+ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "cancel": 2, "start": 3, "rebatch": 4}
 
 
 LOG_LINES_PER_JOB = 5
@@ -128,7 +128,8 @@ class Controller:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
-        acting = {r.slurm_id for r, a in pending if a.kind in ("start", "hold", "requeue_hold")}
+        queueing = ("start", "hold", "requeue_hold", "cancel")
+        acting = {r.slurm_id for r, a in pending if a.kind in queueing}
         holds = 0
         for rec in records:
             if rec.slurm_id not in acting and holds < self.config.max_holds_per_cycle:

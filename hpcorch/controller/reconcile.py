@@ -6,9 +6,13 @@ Phases (the diagram is in docs/controller.md):
 
     queued ──start──> starting ──(Slurm runs it)──> running ──signal──> stopping
       ^                  ^                              |                  |
-      |                  └──────── (exit 75: requeue held, reshape, release) ┘
-      └──────────── (exit 75 with target 0: requeue held = preempted) ────────┘
+      |                  └── (checkpointed: requeued held, reshape, release) ┘
+      └───────── (checkpointed with target 0: requeued held = preempted) ─────┘
     running/starting ──exit 0──> done;  ──failure──> starting (retry) or failed
+
+A checkpoint on request shows as the job requeued held by its wrapper in Slurm's
+SPECIAL_EXIT state, its restart count up by one (accounting then shows a requeue, not a
+failure), or, from a wrapper whose requeue Slurm refused, as an end with exit code 75.
     any ──scancel──> cancelled;  any ──gone from Slurm──> lost
     running ──time budget spent: signal──> stopping ──(exit)──> timeout
     running ──checkpointed on its own past --max-relaunches──> timeout
@@ -85,6 +89,9 @@ def observe(
         out.events.append("done: training finished")
     elif job.ended:
         _ended(rec, job, now, pool_nodes, s, out)
+    elif job.special_exit and job.restarts > restarts_before and job.state == "PENDING":
+        rec.exit_code = EXIT_RELAUNCH
+        _checkpointed(rec, now, pool_nodes, out, requeued=True)
     elif job.state == "PENDING":
         _pending(rec, job, now, pool_nodes, out, s)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
@@ -94,10 +101,18 @@ def observe(
 
 
 def _relaunch(
-    rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, why: str
+    rec: JobRecord,
+    now: float,
+    pool_nodes: tuple[str, ...],
+    out: Outcome,
+    why: str,
+    requeued: bool = False,
 ) -> None:
+    """Back in the queue held (``requeued``: the job requeued itself held), and started at
+    its target size, or left queued when its target is 0."""
     rec.slurm_launch = 0
-    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+    if not requeued:
+        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
     if rec.target_gpus > 0:
         out.actions.append(Action("start", rec.slurm_id, target_shape(rec, pool_nodes), why))
         _set_phase(rec, "starting", now, why)
@@ -116,37 +131,10 @@ def _ended(
 ) -> None:
     rec.exit_code = job.exit_code
     if rec.budget_spent():
-        _timeout(
-            rec,
-            now,
-            out,
-            f"time budget spent: ran {fmt_duration(rec.run_total_s)} of "
-            f"{fmt_duration(rec.time_budget_s)} over {rec.launches} launch(es)",
-        )
+        _budget_timeout(rec, now, out, requeued=False)
         return
     if job.exit_code == EXIT_RELAUNCH:
-        if rec.phase != "stopping":
-            rec.time_relaunches += 1
-            if 0 <= rec.max_relaunches < rec.time_relaunches:
-                _timeout(
-                    rec,
-                    now,
-                    out,
-                    f"checkpointed on its own (time limit?) {rec.time_relaunches} times: "
-                    f"--max-relaunches {rec.max_relaunches} reached",
-                )
-                return
-        if rec.phase == "stopping":
-            if rec.target_gpus == 0:
-                why = "preempted: checkpointed and queued"
-            else:
-                why = f"resized {rec.gpus} -> {rec.target_gpus} GPUs"
-                rec.resizes += 1
-        else:
-            rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
-            why = "checkpointed on its own (time limit?): relaunched"
-        out.events.append(f"checkpointed: {why}")
-        _relaunch(rec, now, pool_nodes, out, why)
+        _checkpointed(rec, now, pool_nodes, out, requeued=False)
         return
     if job.exit_code == EXIT_STORAGE:
         _storage_failed(rec, now, s, out)
@@ -175,6 +163,49 @@ def _ended(
         _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
         rec.finished_at = now
         out.events.append(f"failed: {rec.reason}")
+
+
+def _checkpointed(
+    rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, requeued: bool
+) -> None:
+    """The job checkpointed and asks to be relaunched: at its new size after the
+    controller's signal (a resize, or a preemption to 0 GPUs), at its size when it did so
+    on its own (its time limit), unless its time budget or relaunch cap is spent.
+    ``requeued``: the job is already back in the queue, held (its wrapper requeued it)."""
+    if requeued and rec.budget_spent():
+        _budget_timeout(rec, now, out, requeued=True)
+        return
+    if rec.phase != "stopping":
+        rec.time_relaunches += 1
+        if 0 <= rec.max_relaunches < rec.time_relaunches:
+            _timeout(
+                rec,
+                now,
+                out,
+                f"checkpointed on its own (time limit?) {rec.time_relaunches} times: "
+                f"--max-relaunches {rec.max_relaunches} reached",
+                requeued,
+            )
+            return
+    if rec.phase == "stopping":
+        if rec.target_gpus == 0:
+            why = "preempted: checkpointed and queued"
+        else:
+            why = f"resized {rec.gpus} -> {rec.target_gpus} GPUs"
+            rec.resizes += 1
+    else:
+        rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
+        why = "checkpointed on its own (time limit?): relaunched"
+    out.events.append(f"checkpointed: {why}")
+    _relaunch(rec, now, pool_nodes, out, why, requeued)
+
+
+def _budget_timeout(rec: JobRecord, now: float, out: Outcome, requeued: bool) -> None:
+    why = (
+        f"time budget spent: ran {fmt_duration(rec.run_total_s)} of "
+        f"{fmt_duration(rec.time_budget_s)} over {rec.launches} launch(es)"
+    )
+    _timeout(rec, now, out, why, requeued)
 
 
 UNPLANNED = "started without the controller's plan (released by its user or an admin): held again"
@@ -253,11 +284,14 @@ def _node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out
     _queue_again(rec, now, out, "requeue_hold", why, delay)
 
 
-def _timeout(rec: JobRecord, now: float, out: Outcome, why: str) -> None:
-    """The job ends for good, its last checkpoint kept: a resubmission continues from it."""
+def _timeout(rec: JobRecord, now: float, out: Outcome, why: str, requeued: bool = False) -> None:
+    """The job ends for good, its last checkpoint kept: a resubmission continues from it.
+    ``requeued``: its wrapper had requeued it held; the controller cancels it."""
     _set_phase(rec, "timeout", now, f"{why}; not relaunched (resubmit to continue)")
     rec.finished_at = now
     out.events.append(f"timeout: {rec.reason}")
+    if requeued:
+        out.actions.append(Action("cancel", rec.slurm_id, reason=rec.reason))
 
 
 def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:

@@ -28,7 +28,6 @@ from types import FrameType
 from typing import IO, Any
 
 from hpcorch import logsetup
-from hpcorch.budget import record_relaunch
 from hpcorch.metrics_file import append_line
 from hpcorch.planner import BatchPlanError, PlanFileError, plan_batch, read_plan
 from hpcorch.protocol import (
@@ -65,6 +64,7 @@ from hpcorch.sidecar.config import (
     signal_number,
 )
 from hpcorch.sidecar.lost import lost_reason, node_failure_line, read_launch_record
+from hpcorch.sidecar.requeue import relaunch
 
 KILL_WAIT_S = 15.0
 POLL_S = 0.2
@@ -527,16 +527,10 @@ class Sidecar:
         self.emit(line)
 
     def _relaunch(self) -> int:
-        if self.cfg.controlled or not self.job_id:
-            log("stopped: the controller relaunches it" if self.job_id else "stopped")
-        elif (why := record_relaunch(self.cfg.job_dir, time.time() - self.started)) is not None:
-            log(f"stopped; {why}")
-        else:
-            log(f"stopped: requeueing job {self.job_id} to resume")
-            done = subprocess.run(["scontrol", "requeue", self.job_id], check=False)
-            if done.returncode != 0:
-                log("requeue failed: resubmit to resume", logging.ERROR)
-        return EXIT_RELAUNCH
+        if not self.job_id:
+            log("stopped")
+            return EXIT_RELAUNCH
+        return relaunch(self.job_id, self.cfg.controlled, self.cfg.job_dir, self.started, log)
 
 
 def _scancel(*args: str) -> None:

@@ -59,6 +59,8 @@ class SlurmJob:
     counts: tuple[int, ...] = ()
     """GPUs on each of ``nodes``."""
     restarts: int = 0
+    special_exit: bool = False
+    """Requeued held by the job itself after a checkpoint (Slurm's SPECIAL_EXIT state)."""
     launches: int = 0
     exit_code: int = 0
     start_time: float = 0.0

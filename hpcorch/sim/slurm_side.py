@@ -11,8 +11,9 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
   ``Shape.node_names`` (rank order) when the shape names them, else the even shape on the
   nodes Slurm picks; it reads the last plan written to its job directory, spends
   ``cost.startup(GPUs)`` starting up (no progress) and then trains;
-* ``signal_checkpoint``: the job stops training, checkpoints and exits with code 75
-  (FAILED) ``cost.checkpoint_s + cost.exit_s`` later, holding its GPUs until then;
+* ``signal_checkpoint``: the job stops training, checkpoints and requeues itself held in
+  the SPECIAL_EXIT state (restarts + 1), as hpcorch's wrapper does,
+  ``cost.checkpoint_s + cost.exit_s`` later, holding its GPUs until then;
   ``requeue_hold`` puts an ended job back in the queue, held, restarts + 1 (a running one is
   killed and loses what it did since its last checkpoint); ``hold`` and ``cancel`` as in
   Slurm;
@@ -39,7 +40,7 @@ from typing import Any
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
-from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_DONE
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.slurm_jobs import INF, Checkpoint, SlurmJob, job_tags
@@ -158,6 +159,7 @@ class SimSlurm:
             tags=j.tags,
             end_time=j.end_time,
             per_node=j.counts if running else (),
+            special_exit=j.special_exit,
         )
 
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -174,7 +176,7 @@ class SimSlurm:
         ):
             raise SimSlurmError(f"job {slurm_id}: invalid placement {shape}")
         j.shape = shape
-        j.held = False
+        j.held = j.special_exit = False
         self._bump(j)
         if j not in self._waiting:
             self._waiting.append(j)
@@ -278,8 +280,9 @@ class SimSlurm:
         return bisect.bisect_right(self._arrivals, self.world.now) > self._finished
 
     def awaiting_relaunch(self) -> list[SlurmJob]:
-        """Jobs that exited (checkpointed or failed) and were not requeued yet."""
-        return [j for j in self.jobs if j.state == "FAILED"]
+        """Jobs that exited (failed) or requeued themselves after a checkpoint, and were not
+        started again yet."""
+        return [j for j in self.jobs if j.state == "FAILED" or j.special_exit]
 
     def stopping(self) -> list[SlurmJob]:
         """Running jobs that were signalled to checkpoint."""
@@ -299,7 +302,7 @@ class SimSlurm:
                     self._end(j, "COMPLETED", EXIT_DONE, j.stop_at or now)
                     continue
                 self._checkpoint(j)
-                self._end(j, "FAILED", EXIT_RELAUNCH, j.stop_at or now)
+                self._requeue_self(j, j.stop_at or now)
             self._dispatch()
             if now >= end:
                 break
@@ -465,6 +468,15 @@ class SimSlurm:
         self._bump(j)
         if state in ("COMPLETED", "CANCELLED"):
             self._finished += 1
+
+    def _requeue_self(self, j: SlurmJob, at: float) -> None:
+        """What hpcorch's job wrapper does after a checkpoint on request: the job requeues
+        itself held in SPECIAL_EXIT (restarts + 1) and frees its GPUs."""
+        self._end(j, "PENDING", 0, at)
+        j.held = j.special_exit = True
+        j.restarts += 1
+        j.nodes = j.counts = ()
+        self._admin_held.discard(j.slurm_id)
 
     # --- checkpoints --------------------------------------------------------------------
     def _checkpoint(self, j: SlurmJob) -> None:

@@ -202,6 +202,7 @@ class SlurmCluster:
                     end_time=float(j.end_time),
                     uid=j.uid,
                     per_node=per_node,
+                    special_exit=j.special_exit,
                 )
             )
         nodes = []

@@ -104,6 +104,9 @@ class SlurmJob:
     qos: str = ""
     cpus: int = 0
     """CPUs allocated (or asked for, while pending) over all its nodes."""
+    special_exit: bool = False
+    """Requeued held in Slurm's SPECIAL_EXIT state: what hpcorch's job wrapper does to its
+    job after a checkpoint on request (``requeuehold State=SpecialExit``)."""
 
     @property
     def gpus(self) -> int:
@@ -212,6 +215,7 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         work_dir=str(raw.get("current_working_directory") or ""),
         reservation=str(raw.get("resv_name") or ""),
         held=held and "PENDING" in states,
+        special_exit="SPECIAL_EXIT" in states,
         uid=_num(raw.get("user_id"), -1),
         gpus_by_node=gpus_by_node(raw.get("gres_detail")),
         gpus_per_job=gpus_in(_tres(raw.get("tres_per_job"))),

@@ -244,6 +244,7 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         work_dir=_str(job.working_directory),
         reservation=_str(job.reservation),
         held=job.priority is not None and _int(job.priority) == 0 and state == "PENDING",
+        special_exit=_str(job.state).upper() == "SPECIAL_EXIT",
         uid=_int(job.user_id) if isinstance(job.user_id, int) else -1,
         gpus_by_node=by_node,
         cpus_per_gpu=cpus_per_gpu_from_pyslurm(job, gpus),

@@ -94,6 +94,24 @@ def test_account_and_qos_through_submit_and_resize(accounting_pool: Pool, tmp_pa
             90,
             ctl.log,
         )
+
+        # the resize is a requeue in accounting, not a failure: no FAILED row for the
+        # launch it ended, and the step is named after the training script, not bash
+        def rows() -> list[str]:
+            sacct = ("sacct", "-j", str(a), "-D", "-P", "-n", "-o", "JobID,JobName,State,ExitCode")
+            return pool.run(*sacct, check=False).stdout.strip().splitlines()
+
+        wait_for(
+            "sacct to record A's resized launch and its steps",
+            lambda: (
+                any(r.startswith(f"{a}.0|") for r in rows())
+                and any(r.startswith(f"{a}|") and "REQUEUED" in r for r in rows())
+            ),
+            90,
+            ctl.log,
+        )
+        assert not [r for r in rows() if "FAILED" in r], rows()
+        assert not [r for r in rows() if r.split("|")[1] == "bash"], rows()
         described = pool.hpcorch("describe", str(a), "--state-dir", str(tmp_path / "ctl")).stdout
         assert "account ml" in described and "qos high" in described.lower(), described
     finally:

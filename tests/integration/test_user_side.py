@@ -177,11 +177,12 @@ def test_the_controller_ends_a_job_past_its_budget(env_pool: Pool, ctl: Controll
     status = env_pool.hpcorch(
         "status", "-j", str(job), "-o", "jobid,state,phase", "--state-dir", str(ctl.state)
     ).stdout
-    assert status.splitlines()[-1].split() == [str(job), "FAILED", "TIMEOUT"]
+    assert status.splitlines()[-1].split() == [str(job), "CANCELLED", "TIMEOUT"]
     described = env_pool.hpcorch("describe", str(job), "--state-dir", str(ctl.state)).stdout
     assert "time budget spent: ran 0:" in described
     assert any(m.get("event") == "checkpoint" for m in metrics_lines(env_pool, job))
-    assert env_pool.state(job) == "FAILED"  # checkpointed, never relaunched
+    # checkpointed and requeued itself held for a relaunch, which the controller cancelled
+    assert env_pool.state(job) == "CANCELLED"
 
 
 def test_a_standalone_job_stops_requeueing_at_its_cap(env_pool: Pool) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpcorch.protocol import EXIT_RELAUNCH
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_elastic.py"
 
@@ -140,9 +142,12 @@ class Job:
     def wait(self, timeout: float = 180) -> int:
         end = time.monotonic() + timeout
         while True:
-            _, code = self.state()
+            state, code = self.state()
             if code is not None:
                 return code
+            if state == "SPECIAL_EXIT":  # exit 75: requeued itself held for the controller
+                self.scancel()
+                return EXIT_RELAUNCH
             if time.monotonic() > end:
                 self.scancel()
                 raise TimeoutError(f"job {self.job_id} still running after {timeout} s")

@@ -46,7 +46,7 @@ def interrupted_then_reference(pool: dict[str, str], base: Path, extra: list[str
     signal_job_at(cut, base / "cut", 4)
     assert cut.wait() == EXIT_RELAUNCH, cut.output()
     assert ref.wait() == EXIT_DONE, ref.output()
-    assert "training checkpointed: the controller relaunches it" in cut.output()
+    assert "training checkpointed: requeued held for the controller's relaunch" in cut.output()
     ckpt = events(base / "cut", "checkpoint")
     assert [e["reason"] for e in ckpt] == ["signal"]
     assert 4 <= int(ckpt[0]["step"]) < 32  # type: ignore[call-overload]
