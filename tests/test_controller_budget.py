@@ -120,3 +120,33 @@ def test_a_standalone_job_counts_its_own_requeues(tmp_path: Path) -> None:
     assert why is not None and "time budget spent (850 s of 1000 s)" in why
     (tmp_path / "time-used").write_text("garbage")
     assert read_used(tmp_path) == (0, 0)
+
+
+def test_a_job_that_requeued_itself_past_its_cap_or_budget_is_cancelled(tmp_path: Path) -> None:
+    """A job its wrapper requeued held (SPECIAL_EXIT) waits in the queue: when the
+    controller ends it for its relaunch cap or its time budget, it cancels it."""
+    c = FakeCluster(requeue_self=True)
+    c.add(1, 2, 2)
+    c.add(2, 2, 2)
+    _tagged(c, 1, relaunches="1")
+    _tagged(c, 2, budget="100")
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.checkpointed(1)  # at its time limit, on its own: relaunched once
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.time_relaunches == 1 and c.state(1) == "RUNNING"
+    c.checkpointed(1)
+    c.t += 125  # job 2 past its budget: signalled, it checkpoints and requeues itself
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "timeout" and "--max-relaunches 1" in rec.reason
+    assert c.state(1) == "CANCELLED"
+    ctl.cycle()  # job 2 signalled: it checkpoints and requeues itself
+    assert ("signal", 2) in c.log
+    ctl.cycle()
+    rec2 = ctl.store.job(2)
+    assert rec2 is not None
+    assert rec2.phase == "timeout" and rec2.reason.startswith("time budget spent: ran 2:05")
+    assert c.state(2) == "CANCELLED" and c.log.count(("start", 2)) == 1

@@ -99,6 +99,7 @@ class FakeCluster:
             held=False,
             node_names=names,
             gpus_per_node=shape.gpus_per_node,
+            special_exit=False,
         )
 
     admin: bool = True
@@ -109,10 +110,30 @@ class FakeCluster:
         if self.state(slurm_id) == "PENDING":
             self.set(slurm_id, held=True, reason="JobHeldAdmin" if self.admin else "JobHeldUser")
 
+    requeue_self: bool = False
+    """Signalled jobs requeue themselves held in SPECIAL_EXIT (hpcorch's wrapper) instead of
+    ending with exit code 75 (a wrapper whose requeue Slurm refused)."""
+
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.log.append(("signal", slurm_id))
         if self.jobs[slurm_id].exit_on_signal:
+            self.checkpointed(slurm_id)
+
+    def checkpointed(self, slurm_id: int) -> None:
+        """The job checkpointed and asks for its relaunch, as ``requeue_self`` says."""
+        if not self.requeue_self:
             self.set(slurm_id, state="FAILED", exit_code=75)
+            return
+        j = self.jobs[slurm_id].job
+        self.set(
+            slurm_id,
+            state="PENDING",
+            held=True,
+            special_exit=True,
+            reason="job_requeued_in_held_state",
+            node_names=(),
+            restarts=j.restarts + 1,
+        )
 
     def requeue_hold(self, slurm_id: int) -> None:
         self.log.append(("requeue_hold", slurm_id))
@@ -181,6 +202,52 @@ def test_arrival_shrinks_and_departure_grows(tmp_path: Path) -> None:
     for _ in range(3):
         ctl.cycle()
     assert c.jobs[1].job.gpus == 8 and ctl.store.job(2).phase == "done"  # type: ignore[union-attr]
+
+
+def test_a_job_that_requeued_itself_is_relaunched_at_its_new_size_once(tmp_path: Path) -> None:
+    """hpcorch's wrapper requeues its job held in SPECIAL_EXIT after the checkpoint (so that
+    accounting shows a requeue): the controller starts it at its new size, with no requeue
+    of its own, and does not take the still-pending job for a second checkpoint."""
+    c = FakeCluster(requeue_self=True)
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    c.jobs[1].exit_on_signal = False
+    ctl.cycle()  # policy: job 1 -> 4 GPUs: signal
+    assert ("signal", 1) in c.log
+    c.checkpointed(1)
+    c.start = lambda slurm_id, shape: c.log.append(("start", slurm_id))  # type: ignore[method-assign]
+    ctl.cycle()  # requeued held by itself: reshape and release, no requeue_hold
+    assert c.log[-1] == ("start", 1) and ("requeue_hold", 1) not in c.log
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.resizes == 1 and rec.reason == "resized 8 -> 4 GPUs"
+    assert rec.phase == "starting"
+    ctl.cycle()  # Slurm has not run it yet: the start is redone, not a second relaunch
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.resizes == 1 and rec.time_relaunches == 0
+    assert c.log.count(("start", 1)) == 3  # the first launch, the relaunch, its redo
+    del c.start
+    ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.gpus == 4
+
+
+def test_a_controller_killed_after_the_job_requeued_itself_relaunches_it(tmp_path: Path) -> None:
+    c = FakeCluster(requeue_self=True)
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.add(2, 4, 4)
+    c.jobs[1].exit_on_signal = False
+    ctl.cycle()
+    ctl.store.close()
+    c.checkpointed(1)  # while no controller runs
+    ctl2 = controller(tmp_path, c)
+    ctl2.cycle()
+    assert c.log.count(("start", 1)) == 2 and ("requeue_hold", 1) not in c.log
+    assert c.jobs[1].job.gpus == 4 and c.state(1) == "RUNNING"
 
 
 def test_controller_killed_mid_resize_resumes_without_repeating(tmp_path: Path) -> None:
