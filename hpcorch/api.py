@@ -257,7 +257,8 @@ class Job:
         return self.state
 
     def logs(self, launch: int | None = None) -> str:
-        """The job's output: every launch, or only ``launch`` (0 for the first)."""
+        """The job's output: every launch, or only ``launch`` (1 for the first, as
+        ``hpcorch status`` and ``describe`` count)."""
         directory = self.job_dir
         if directory is None:
             raise JobError(f"no job directory for job {self.job_id}")

@@ -3,8 +3,9 @@ its Slurm output file, and when a followed job is over.
 
 Every launch of a job (a relaunch keeps the Slurm job id) appends to the one file
 ``<job dir>/slurm-<id>.out`` (``--open-mode=append``), and the job wrapper starts each
-launch's output with ``hpcorch-run[<id>]: launch <n>: ...``. So the launches are the
-segments between those lines; output before the first one belongs to the first launch.
+launch's output with ``hpcorch-run[<id>]: launch <n>: ...`` (launch 1 is the first, as in
+``hpcorch status`` and ``describe``). So the launches are the segments between those lines;
+output before the first one belongs to the first launch.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def launches(data: bytes) -> list[Launch]:
     """The launches in a job's output, in order (an empty output: none)."""
     marks = [(int(m.group(1)), m.start()) for m in LAUNCH_RE.finditer(data)]
     if not marks:
-        return [Launch(0, 0, len(data))] if data else []
+        return [Launch(1, 0, len(data))] if data else []
     out = []
     for i, (number, start) in enumerate(marks):
         end = marks[i + 1][1] if i + 1 < len(marks) else len(data)

@@ -5,7 +5,7 @@ Every record goes to stderr under the ``hpcorch`` logger, in one of two formats:
 
 - ``text`` (default), readable in a job's output and in journald::
 
-      2026-05-04T10:12:03.481 hpcorch-sidecar[26]: launch 0: python train.py (fresh start)
+      2026-05-04T10:12:03.481 hpcorch-sidecar[26]: launch 1: python train.py (fresh start)
       2026-05-04T10:12:09.022 hpcorch-controller: warning: reservation 'hpcorch' ends in 6 days
 
   (the level is written for everything but info, as compilers and git do);

@@ -63,7 +63,10 @@ ENV_MIN_GLOBAL_BATCH = "HPCORCH_MIN_GLOBAL_BATCH"
 ENV_MAX_GLOBAL_BATCH = "HPCORCH_MAX_GLOBAL_BATCH"
 """Bounds on the global batch; the runtime clamps any plan into them."""
 ENV_LAUNCH = "HPCORCH_LAUNCH"
-"""Launch counter of this job (0 for the first launch, +1 per relaunch)."""
+"""Launch counter of this job: Slurm's restart count (0 for the first launch, +1 per
+relaunch), as in the plan, heartbeat, metrics and launch files. Every message numbers
+launches from 1 (launch HPCORCH_LAUNCH + 1), as ``hpcorch status``, ``describe`` and
+``logs --launch`` do."""
 ENV_QUIET_RELAUNCH = "HPCORCH_QUIET_RELAUNCH"
 """Set to 1 by the job wrapper: the runtime's tasks exit 0, not EXIT_RELAUNCH, after a
 checkpoint on request, once rank 0's heartbeat of this launch says "exit 75" (the wrapper

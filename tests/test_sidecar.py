@@ -390,8 +390,8 @@ SHOW_JOB = "JobId=7 JobName=t JobState=RUNNING Reason=None Restarts=1 NodeList=g
     [
         ("7 1\n", SHOW_JOB, False, None),  # a result
         (None, None, False, None),  # not fenced, Slurm not asked: nothing says it is lost
-        ("7 2\n", SHOW_JOB, False, "launch 2 of job 7 owns the job directory now"),
-        ("9 0\n", SHOW_JOB, False, "launch 0 of job 9 owns"),
+        ("7 2\n", SHOW_JOB, False, "launch 3 of job 7 owns the job directory now"),
+        ("9 0\n", SHOW_JOB, False, "launch 1 of job 9 owns"),
         ("7 1\n", SHOW_JOB.replace("Restarts=1", "Restarts=2"), False, "requeued the job"),
         ("7 1\n", SHOW_JOB.replace("RUNNING", "PENDING"), False, "holds the job as PENDING"),
         ("7 1\n", SHOW_JOB.replace("Reason=None", "Reason=NodeDown"), False, "node of the job"),
@@ -453,4 +453,4 @@ def test_sidecar_never_reports_success_after_a_node_failure(tmp_path: Path, lose
         return
     assert done.returncode == EXIT_LAUNCH_LOST, done.stderr
     assert "training finished" not in done.stderr and "requeue" not in done.stderr
-    assert "launch 0 lost a node or a rank (srun reported a node failure)" in done.stderr
+    assert "launch 1 lost a node or a rank (srun reported a node failure)" in done.stderr

@@ -153,20 +153,20 @@ def test_cancel_needs_a_selection() -> None:
 
 LOG = (
     b"early line\n"
-    b"hpcorch-run[7]: launch 0: 2 tasks on 1 node(s) x 2, master 127.0.0.1:1\n"
+    b"hpcorch-run[7]: launch 1: 2 tasks on 1 node(s) x 2, master 127.0.0.1:1\n"
     b"step 1\n"
-    b"hpcorch-run[7]: training checkpointed: the controller relaunches it\n"
-    b"hpcorch-run[7]: launch 1: 4 tasks on 1 node(s) x 4, master 127.0.0.1:2\n"
+    b"hpcorch-run[7]: training checkpointed: requeued held for the controller's relaunch\n"
+    b"hpcorch-run[7]: launch 2: 4 tasks on 1 node(s) x 4, master 127.0.0.1:2\n"
     b"step 2\n"
 )
 
 
 def test_launches_in_a_jobs_output() -> None:
-    assert [ln.number for ln in launches(LOG)] == [0, 1]
-    assert launch_slice(LOG, 0).startswith(b"early line\n") and b"step 1" in launch_slice(LOG, 0)
-    assert launch_slice(LOG, 1).startswith(b"hpcorch-run[7]: launch 1: 4 tasks")
-    assert b"step 1" not in launch_slice(LOG, 1)
-    with pytest.raises(ValueError, match=r"no launch 5 .*\(launches: 0, 1\)"):
+    assert [ln.number for ln in launches(LOG)] == [1, 2]
+    assert launch_slice(LOG, 1).startswith(b"early line\n") and b"step 1" in launch_slice(LOG, 1)
+    assert launch_slice(LOG, 2).startswith(b"hpcorch-run[7]: launch 2: 4 tasks")
+    assert b"step 1" not in launch_slice(LOG, 2)
+    with pytest.raises(ValueError, match=r"no launch 5 .*\(launches: 1, 2\)"):
         launch_slice(LOG, 5)
     assert launches(b"") == []
 

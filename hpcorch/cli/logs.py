@@ -40,8 +40,8 @@ def _write(data: bytes) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until the job ends for good.")
 @click.option(
     "--launch",
-    type=params.Integer(0, 1_000_000),
-    help="Only this launch (0: the first; with -f: from it on).",
+    type=params.Integer(1, 1_000_000),
+    help="Only this launch (1: the first, as status and describe count; with -f: from it on).",
 )
 @click.option(
     "-n",

@@ -54,10 +54,11 @@ class Fence:
     def describe(self) -> str:
         if self.owner is None:
             return f"the job directory's owner record {self.path} is unreadable"
-        job, launch = self.owner
+        job, launch = self.owner  # launches counted from 0 here, from 1 in messages
+        mine = self.launch + 1 if self.launch is not None else "?"
         if job == self.job:
-            return f"launch {launch} of job {job} took over (this is launch {self.launch})"
-        return f"job {job} (launch {launch}) took over the job directory"
+            return f"launch {launch + 1} of job {job} took over (this is launch {mine})"
+        return f"job {job} (launch {launch + 1}) took over the job directory"
 
     @contextmanager
     def hold(self) -> Iterator[None]:

@@ -42,7 +42,8 @@ def lost_reason(
     if owner is not None:
         parts = owner.split()
         if len(parts) >= 2 and (parts[0], parts[1]) != (job_id, str(launch)):
-            return f"launch {parts[1]} of job {parts[0]} owns the job directory now"
+            number = int(parts[1]) + 1 if parts[1].isdigit() else parts[1]
+            return f"launch {number} of job {parts[0]} owns the job directory now"
     if scontrol_job:
         restarts = _RESTARTS_RE.search(scontrol_job)
         state = _STATE_RE.search(scontrol_job)

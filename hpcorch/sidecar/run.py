@@ -252,7 +252,7 @@ class Sidecar:
         if ckpt is not None:
             self._checkpoint_seen(ckpt)
         how = f"resuming from {ckpt.path.name}" if ckpt and resuming else "fresh start"
-        log(f"launch {self.launch}: {shlex.join(command)} ({how})")
+        log(f"launch {self.launch + 1}: {shlex.join(command)} ({how})")
         proc = subprocess.Popen(
             [*self.launcher, *command],
             env=self.env,
@@ -478,7 +478,7 @@ class Sidecar:
         if stopping or requeue or rc in (EXIT_DONE, EXIT_RELAUNCH):
             why = self._launch_lost()
             if why is not None:  # no result, no requeue (Slurm did), no write: not the owner
-                log(f"launch {self.launch} lost a node or a rank ({why}): not a result")
+                log(f"launch {self.launch + 1} lost a node or a rank ({why}): not a result")
                 return EXIT_LAUNCH_LOST
         if stopping or (requeue and not self.managed):
             self._report_stop()

@@ -71,12 +71,12 @@ def test_node_down_past_timeout_never_two_launches(env_pool: Pool, tmp_path: Pat
         assert gens, "metrics lines carry no launch generation"
         first_new = next(i for i, g in enumerate(gens) if g >= 1)
         late = [g for g in gens[first_new:] if g < 1]
-        assert not late, f"{len(late)} lines of launch 0 after launch 1 began"
+        assert not late, f"{len(late)} lines of launch 1 after launch 2 began"
         heartbeat = json.loads((job_dir(env_pool, a) / "heartbeat").read_text())
         assert heartbeat.get("launch", 1) >= 1, heartbeat
         out = (job_dir(env_pool, a) / f"slurm-{a}.out").read_text()
-        launch0 = out.split("launch 1:")[0]
-        assert "training finished" not in launch0, launch0[-2000:]
+        first = out.split("launch 2:")[0]
+        assert "training finished" not in first, first[-2000:]
     finally:
         ctl.stop()
         subprocess.run(

@@ -54,7 +54,7 @@ def test_ddp_job_trains_and_status_lists_it(slurm_pool: Pool) -> None:
     assert result["losses"][-1] < 0.9 * result["losses"][0], result["losses"]
     assert result["tag"] == NASTY_TAG  # reached the script unchanged, never shell-parsed
     log = (jdir / f"slurm-{job_id}.out").read_text()
-    assert "launch 0: 2 tasks on 1 node(s) x 2" in log and "training finished" in log
+    assert "launch 1: 2 tasks on 1 node(s) x 2" in log and "training finished" in log
 
     text = slurm_pool.hpcorch("status").stdout
     line = next(ln for ln in text.splitlines() if ln.startswith(str(job_id)))

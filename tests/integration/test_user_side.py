@@ -107,7 +107,7 @@ def test_options_slurm_refuses_are_one_error_and_nothing_is_left(env_pool: Pool)
 
 def test_account_survives_resizes_and_logs_follow_them(env_pool: Pool, ctl: ControllerProc) -> None:
     """A pool job with an account and a QOS is grown 1 -> 2 and shrunk 2 -> 1 by the
-    controller: both stay; `hpcorch logs -f` started at launch 0 prints every launch and
+    controller: both stay; `hpcorch logs -f` started at launch 1 prints every launch and
     exits by itself when the job is done."""
     out = env_pool.hpcorch(
         "submit", "--pool", ctl.reservation, "--min-gpus", "1", "--max-gpus", "2",
@@ -152,11 +152,11 @@ def test_account_survives_resizes_and_logs_follow_them(env_pool: Pool, ctl: Cont
     finally:
         follower.kill()
     launches = [int(n) for n in re.findall(r"hpcorch-run\[\d+\]: launch (\d+):", text)]
-    assert launches[:3] == [0, 1, 2], text[-2000:]
+    assert launches[:3] == [1, 2, 3], text[-2000:]
     assert f"job {job} ended (CANCELLED)" in err
     whole = env_pool.hpcorch("logs", str(job)).stdout
     assert whole.startswith(text[:200])
-    # the launch on 2 GPUs: launch 1, or 2 when the controller had started the job on 2
+    # the launch on 2 GPUs: launch 2, or 3 when the controller had started the job on 2
     # before the first pin (1 GPU) reached it (a loaded machine): read it from the output
     two = re.search(rf"hpcorch-run\[{job}\]: launch (\d+): 2 tasks", text)
     assert two is not None, text[-2000:]
@@ -264,7 +264,7 @@ def test_python_api_end_to_end(env_pool: Pool, monkeypatch: pytest.MonkeyPatch) 
     script = ex.submit_script(str(ELASTIC), "--epochs", "1000", "--batch-size", "48")
     wait_for("the script running", lambda: script.state == "RUNNING" and script.gpus == 1, 120)
     wait_for("its batch reported", lambda: script.batch_size == 48, 60)
-    wait_for("its first output", lambda: "launch 0:" in script.logs(), 60)
-    assert "launch 0: 1 tasks on 1 node(s) x 1" in script.logs(launch=0)
+    wait_for("its first output", lambda: "launch 1:" in script.logs(), 60)
+    assert "launch 1: 1 tasks on 1 node(s) x 1" in script.logs(launch=1)
     script.cancel()
     assert script.wait(timeout=60, poll=1) == "CANCELLED"

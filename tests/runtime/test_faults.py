@@ -41,7 +41,7 @@ def test_fence_lets_only_the_owner_write(tmp_path: Path) -> None:
     (tmp_path / LAUNCH_FILE).write_text("42 1\n")
     old, new = Fence(tmp_path, "42", 0), Fence(tmp_path, "42", 1)
     new.check()
-    with pytest.raises(Superseded, match="launch 1 of job 42 took over"):
+    with pytest.raises(Superseded, match="launch 2 of job 42 took over"):
         old.check()
     gate = Gate(old)
     assert not gate.write(tmp_path / "x", lambda: (tmp_path / "x").write_text("x"))
@@ -89,7 +89,7 @@ def test_superseded_launch_stops_without_writing(tmp_path: Path) -> None:
     seen = len(events(jd))
     assert run.wait() == [EXIT_LAUNCH_LOST, EXIT_LAUNCH_LOST]
     lines = error_lines(run.stderr())
-    assert len(lines) == 1 and "launch 1 of job 77 took over" in lines[0], lines
+    assert len(lines) == 1 and "launch 2 of job 77 took over" in lines[0], lines
     assert len(events(jd)) <= seen + 1  # at most the line written before it looked
     assert all(e.get("launch") == 0 for e in events(jd))
     heartbeat = json.loads((jd / "heartbeat").read_text())

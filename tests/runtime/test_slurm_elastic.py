@@ -93,7 +93,7 @@ def test_standalone_job_requeues_itself(runtime_pool: dict[str, str], tmp_path: 
     assert job.wait(timeout=240) == EXIT_DONE, job.output()
     out = job.output()
     assert "SIGTERM received" in out and "requeueing job" in out
-    assert "launch 1:" in out and "training finished" in out
+    assert "launch 2:" in out and "training finished" in out
     starts = events(jd, "start")
     assert [s["resumed"] for s in starts] == [False, True]
     shutil.rmtree(jd)
