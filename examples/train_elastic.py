@@ -20,6 +20,7 @@ import hpcorch.runtime as hr  # first: it holds the checkpoint signal while torc
 
 # isort: split
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
@@ -31,6 +32,19 @@ def make_data(samples: int, features: int, classes: int, seed: int = 0) -> Tenso
     teacher = torch.randn(features, 32, generator=g), torch.randn(32, classes, generator=g)
     y = torch.tanh(x @ teacher[0]) @ teacher[1]
     return TensorDataset(x, y.argmax(dim=1))
+
+
+UNTIL_EVERY = 8
+"""Steps between two looks for --until-file (all ranks agree on what rank 0 found)."""
+
+
+def everyone(flag: bool) -> bool:
+    """Whether any rank says ``flag``: every rank gets the same answer (collective)."""
+    if not dist.is_initialized():
+        return flag
+    t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
 
 
 def make_model(
@@ -71,6 +85,12 @@ def main() -> None:
     )
     p.add_argument("--record", type=Path, help="append this rank's sample indices per step here")
     p.add_argument("--save-params", type=Path, help="rank 0 writes the final parameters here")
+    p.add_argument(
+        "--until-file",
+        type=Path,
+        help="finish (final checkpoint, done) at the first step boundary after this file "
+        "appears, whatever --epochs says: slurm/demo ends a job on an event this way",
+    )
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -89,6 +109,7 @@ def main() -> None:
     job.log(f"rank {job.rank}/{job.world_size}: global batch {job.batch.describe()}")
 
     record = open(a.record.with_suffix(f".{job.rank}.jsonl"), "a") if a.record else None  # noqa: SIM115
+    stopped = False
     for step in job.steps(data, epochs=a.epochs):
         for x, y in step:
             step.backward(F.cross_entropy(model(x.to(job.device)), y.to(job.device)))
@@ -103,6 +124,11 @@ def main() -> None:
             time.sleep(a.step_delay)
         if a.sample_delay:
             time.sleep(a.sample_delay * job.batch.micro_batch * job.batch.accum_steps)
+        if a.until_file and step.index % UNTIL_EVERY == 0 and everyone(a.until_file.exists()):
+            stopped = True
+            break
+    if stopped:
+        job.finish()
     if a.save_params and job.is_main:
         torch.save({k: v.cpu() for k, v in model.module.state_dict().items()}, a.save_params)
 
