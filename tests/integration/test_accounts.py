@@ -110,6 +110,7 @@ def test_account_and_qos_through_submit_and_resize(accounting_pool: Pool, tmp_pa
             90,
             ctl.log,
         )
+        print(f"sacct -D -j {a} after its resize:\n" + "\n".join(rows()))
         assert not [r for r in rows() if "FAILED" in r], rows()
         assert not [r for r in rows() if r.split("|")[1] == "bash"], rows()
         described = pool.hpcorch("describe", str(a), "--state-dir", str(tmp_path / "ctl")).stdout
