@@ -204,10 +204,9 @@ def test_arrival_shrinks_and_departure_grows(tmp_path: Path) -> None:
     assert c.jobs[1].job.gpus == 8 and ctl.store.job(2).phase == "done"  # type: ignore[union-attr]
 
 
-def test_a_job_that_requeued_itself_is_relaunched_at_its_new_size_once(tmp_path: Path) -> None:
-    """hpcorch's wrapper requeues its job held in SPECIAL_EXIT after the checkpoint (so that
-    accounting shows a requeue): the controller starts it at its new size, with no requeue
-    of its own, and does not take the still-pending job for a second checkpoint."""
+def _signalled_for_a_newcomer(tmp_path: Path) -> tuple[FakeCluster, Controller]:
+    """Job 1 alone on 8 GPUs, then job 2 (4 GPUs) arrives: job 1 is signalled to shrink to
+    4 and has not checkpointed yet; its wrapper will requeue it itself (``requeue_self``)."""
     c = FakeCluster(requeue_self=True)
     c.add(1, 1, 8)
     ctl = controller(tmp_path, c)
@@ -217,6 +216,14 @@ def test_a_job_that_requeued_itself_is_relaunched_at_its_new_size_once(tmp_path:
     c.jobs[1].exit_on_signal = False
     ctl.cycle()  # policy: job 1 -> 4 GPUs: signal
     assert ("signal", 1) in c.log
+    return c, ctl
+
+
+def test_a_job_that_requeued_itself_is_relaunched_at_its_new_size_once(tmp_path: Path) -> None:
+    """hpcorch's wrapper requeues its job held in SPECIAL_EXIT after the checkpoint (so that
+    accounting shows a requeue): the controller starts it at its new size, with no requeue
+    of its own, and does not take the still-pending job for a second checkpoint."""
+    c, ctl = _signalled_for_a_newcomer(tmp_path)
     c.checkpointed(1)
     c.start = lambda slurm_id, shape: c.log.append(("start", slurm_id))  # type: ignore[method-assign]
     ctl.cycle()  # requeued held by itself: reshape and release, no requeue_hold
@@ -234,14 +241,7 @@ def test_a_job_that_requeued_itself_is_relaunched_at_its_new_size_once(tmp_path:
 
 
 def test_a_controller_killed_after_the_job_requeued_itself_relaunches_it(tmp_path: Path) -> None:
-    c = FakeCluster(requeue_self=True)
-    c.add(1, 1, 8)
-    ctl = controller(tmp_path, c)
-    ctl.cycle()
-    ctl.cycle()
-    c.add(2, 4, 4)
-    c.jobs[1].exit_on_signal = False
-    ctl.cycle()
+    c, ctl = _signalled_for_a_newcomer(tmp_path)
     ctl.store.close()
     c.checkpointed(1)  # while no controller runs
     ctl2 = controller(tmp_path, c)
