@@ -9,13 +9,13 @@ Phases (the diagram is in docs/controller.md):
       |                  └── (checkpointed: requeued held, reshape, release) ┘
       └───────── (checkpointed with target 0: requeued held = preempted) ─────┘
     running/starting ──exit 0──> done;  ──failure──> starting (retry) or failed
+    any ──scancel──> cancelled;  any ──gone from Slurm──> lost
+    running ──time budget spent: signal──> stopping ──(exit)──> timeout
+    running ──checkpointed on its own past --max-relaunches──> timeout
 
 A checkpoint on request shows as the job requeued held by its wrapper in Slurm's
 SPECIAL_EXIT state, its restart count up by one (accounting then shows a requeue, not a
 failure), or, from a wrapper whose requeue Slurm refused, as an end with exit code 75.
-    any ──scancel──> cancelled;  any ──gone from Slurm──> lost
-    running ──time budget spent: signal──> stopping ──(exit)──> timeout
-    running ──checkpointed on its own past --max-relaunches──> timeout
 
 Every action is safe to repeat, and every phase can be re-entered from what Slurm
 reports, so a controller killed between two actions continues where it stopped.
