@@ -120,6 +120,25 @@ def test_flag_states_read_as_their_base_state() -> None:
     ]
 
 
+def test_a_job_requeued_in_special_exit_is_pending_held_and_says_so() -> None:
+    """hpcorch's wrapper requeues its job with ``requeuehold State=SpecialExit`` after a
+    checkpoint: 22.05 prints the flag as the state, 23.11+ lists it (as the pools showed)."""
+    jobs = parse_squeue(
+        {
+            "jobs": [
+                {"job_id": 1, "job_state": "SPECIAL_EXIT", "priority": 0, "restart_cnt": 1},
+                {"job_id": 2, "job_state": ["PENDING", "SPECIAL_EXIT"], "priority": 0},
+                {"job_id": 3, "job_state": "REQUEUE_HOLD", "priority": 0},
+            ]
+        }
+    )
+    assert [(j.state, j.held, j.special_exit) for j in jobs] == [
+        ("PENDING", True, True),
+        ("PENDING", True, True),
+        ("PENDING", True, False),
+    ]
+
+
 def test_sacct_rows_keep_account_and_qos() -> None:
     from hpcorch.slurm.parse import SACCT_FIELDS, parse_sacct
 

@@ -444,8 +444,22 @@ def test_pyslurm_jobs_map_to_slurm_jobs(pyslurm_module: types.ModuleType) -> Non
     )
     held = jobs[8]  # a flag in place of the base state, as pyslurm reports it
     assert (held.state, held.held, held.reason) == ("PENDING", True, "JobHeldUser")
+    assert not held.special_exit and not jobs[7].special_exit
     assert held.nodes == "" and held.gpus == 2 and held.time_limit_min == 0
     assert held.exit_code == 128 + 15
+
+
+def test_pyslurm_reads_a_job_requeued_in_special_exit() -> None:
+    """pyslurm 25.11 gives such a job's state as 'SPECIAL_EXIT' (checked on the 25.11 pool)."""
+    from hpcorch.slurm.pyslurm_map import job_from_pyslurm
+
+    job = FakeJob(
+        5, [], state="SPECIAL_EXIT", state_reason="job_requeued_in_held_state",
+        allocated_nodes=None, num_nodes=1, gres_per_node={"gpu": 2}, priority=0,
+        requeue_count=1, time_limit=None,
+    )  # fmt: skip
+    seen = job_from_pyslurm(job)
+    assert (seen.state, seen.held, seen.special_exit, seen.restarts) == ("PENDING", True, True, 1)
 
 
 def test_pyslurm_nodes_partitions_reservations(pyslurm_module: types.ModuleType) -> None:

@@ -373,7 +373,7 @@ def _relaunch_from_held(
     rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome
 ) -> None:
     if rec.budget_spent():
-        _timeout(rec, now, out, "time budget spent (the checkpoint was forced)")
+        _timeout(rec, now, out, "time budget spent (the checkpoint was forced)", requeued=True)
     elif rec.target_gpus > 0:
         out.actions.append(
             Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume relaunch")
