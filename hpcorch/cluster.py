@@ -42,6 +42,8 @@ class PoolNode:
     """GPUs held by jobs the controller did not place (never planned as free)."""
     cpus_foreign: int = 0
     """CPUs held by jobs the controller did not place."""
+    gpu_type: str = ""
+    """The node's GPU type as Slurm names it (``Gres=gpu:a100:4``), "" when untyped."""
 
 
 @dataclass(frozen=True)

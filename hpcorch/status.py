@@ -93,6 +93,8 @@ class PoolRow:
     state: str
     gpus: int
     gpus_busy: int
+    gpu_type: str = ""
+    """The node's GPU type (``Gres=gpu:a100:4``), "" when untyped."""
 
 
 def _int(fields: dict[str, str], key: str) -> int | None:
@@ -163,7 +165,7 @@ def job_rows(
 
 def pool_rows(nodes: Sequence[SlurmNode], partition: str | None = None) -> list[PoolRow]:
     return [
-        PoolRow(n.name, "+".join(s.lower() for s in n.states), n.gpus, n.gpus_used)
+        PoolRow(n.name, "+".join(s.lower() for s in n.states), n.gpus, n.gpus_used, n.gpu_type)
         for n in sorted(nodes, key=lambda n: (len(n.name), n.name))
         if n.gpus and (partition is None or partition in n.partitions)
     ]
@@ -219,7 +221,14 @@ def render_pool(pool: Sequence[PoolRow]) -> str:
     total = sum(p.gpus for p in pool)
     busy = sum(p.gpus_busy for p in pool)
     out = [f"POOL  {len(pool)} nodes, {total} GPUs: {busy} busy, {total - busy} free"]
-    if pool:
+    if pool and any(p.gpu_type for p in pool):  # a pool of GPU types: a column for them
+        out.append(
+            render_table(
+                ["NODE", "STATE", "TYPE", "GPUS", "BUSY"],
+                [[p.node, p.state, p.gpu_type or "-", str(p.gpus), str(p.gpus_busy)] for p in pool],
+            )
+        )
+    elif pool:
         out.append(
             render_table(
                 ["NODE", "STATE", "GPUS", "BUSY"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hpcorch.slurm.parse import gpus_in, parse_nodes, parse_squeue
+from hpcorch.slurm.parse import gpu_type_in, gpus_in, parse_nodes, parse_squeue
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -83,6 +83,17 @@ def test_nodes_24_shapes() -> None:
     assert nodes["c1"].gpus == 8 and nodes["c1"].gpus_used == 0 and nodes["c1"].usable
     assert not nodes["c2"].usable
     assert not nodes["c3"].usable
+    assert [nodes[n].gpu_type for n in ("c1", "c2", "c3")] == ["a100", "a100", ""]
+
+
+def test_gpu_types_in_gres_strings() -> None:
+    """What sinfo and scontrol print for a node's GRES, typed or not (22.05 to 25.11)."""
+    assert gpu_type_in("gpu:a100:4") == "a100"
+    assert gpu_type_in("gpu:v100:4(S:0)") == "v100"
+    assert gpu_type_in("gres/gpu:h100:8,gres/gpu:a100:2") == "h100"  # the first of several
+    assert gpu_type_in("gpu:4(S:0-1)") == "" and gpu_type_in("gpu:4") == ""
+    assert gpu_type_in("mps:100,gpu:t4:2") == "t4"
+    assert gpu_type_in("") == "" and gpu_type_in(None) == ""
 
 
 def test_gpus_in_tres_strings() -> None:
@@ -153,3 +164,18 @@ def test_sacct_rows_keep_account_and_qos() -> None:
     assert (job.job_id, job.account, job.qos) == (41, "ml", "high")
     assert job.comment == "hpcorch:id=x|min=2" and job.gpus == 8 and job.gpus_per_node == 4
     assert job.nodes == "gpu-a[001-002]" and job.state == "COMPLETED" and job.exit_code == 0
+
+
+def test_the_pool_shows_a_type_column_only_for_typed_gpus() -> None:
+    from hpcorch.slurm.parse import SlurmNode
+    from hpcorch.status import pool_rows, render_pool
+
+    def node(name: str, gres_type: str) -> SlurmNode:
+        return SlurmNode(name, "", ("IDLE",), ("gpu",), 8, 4, 1, "", gpu_type=gres_type)
+
+    plain = render_pool(pool_rows([node("n1", ""), node("n2", "")]))
+    assert plain.splitlines()[1].split() == ["NODE", "STATE", "GPUS", "BUSY"]
+    typed = render_pool(pool_rows([node("n1", "a100"), node("n2", "v100"), node("n3", "")]))
+    lines = typed.splitlines()
+    assert lines[1].split() == ["NODE", "STATE", "TYPE", "GPUS", "BUSY"]
+    assert [ln.split()[2] for ln in lines[2:]] == ["a100", "v100", "-"]

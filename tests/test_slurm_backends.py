@@ -475,8 +475,9 @@ def test_pyslurm_nodes_partitions_reservations(pyslurm_module: types.ModuleType)
         gpus_used=2,  # job 9's; job 10 has ended
         reason="",
         cpus_used=6,
+        gpu_type="a100",
     )
-    assert nodes["n1"].usable and not nodes["n2"].usable
+    assert nodes["n1"].usable and not nodes["n2"].usable and nodes["n2"].gpu_type == ""
     assert nodes["n2"].states == ("IDLE", "DRAIN") and nodes["n2"].gpus == 4
     assert backend.partitions() == (["debug", "gpu"], "gpu")
     assert backend.reservations() == {"pool": ["n1", "n2"]}

@@ -236,6 +236,7 @@ class SlurmCluster:
                     cpus_used=n.cpus_used,
                     gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
                     cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
+                    gpu_type=n.gpu_type,
                 )
             )
         self._residue = residue

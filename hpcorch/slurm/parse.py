@@ -61,6 +61,16 @@ def _exit_code(value: Any) -> int:
     return (status >> 8) & 0xFF
 
 
+_GPU_TYPE_RE = re.compile(r"(?:^|[,\s])(?:gres[:/])?gpu:([A-Za-z][A-Za-z0-9_.-]{0,31}):\d")
+
+
+def gpu_type_in(gres: str | None) -> str:
+    """The GPU type a node's GRES names (``gpu:a100:4(S:0)`` -> ``a100``); "" for untyped
+    GPUs (``gpu:4``); the first type when a node has several."""
+    found = _GPU_TYPE_RE.search(gres or "")
+    return found.group(1) if found else ""
+
+
 def gpus_in(tres: str | None) -> int:
     """GPUs named in a TRES/GRES string such as ``gres:gpu:4`` or ``cpu=2,gres/gpu=4``."""
     if not tres:
@@ -128,6 +138,8 @@ class SlurmNode:
     gpus_used: int
     reason: str
     cpus_used: int = 0
+    gpu_type: str = ""
+    """The type its GRES names (``Gres=gpu:a100:4``), "" when its GPUs are untyped."""
 
     @property
     def usable(self) -> bool:
@@ -250,6 +262,7 @@ def _node(raw: Mapping[str, Any]) -> SlurmNode:
         gpus_used=gpus_in(str(raw.get("gres_used") or "")),
         reason=str(raw.get("reason") or ""),
         cpus_used=_num(raw.get("alloc_cpus")),
+        gpu_type=gpu_type_in(str(raw.get("gres") or "")),
     )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from hpcorch.cluster import ENDED_STATES
 from hpcorch.errors import SlurmCommandError
 from hpcorch.slurm.backend import expand_nodelist
-from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpus_in
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, gpu_type_in, gpus_in
 
 _PENDING_FLAGS = {"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SPECIAL_EXIT", "RESV_DEL_HOLD"}
 """pyslurm reports a job's state flag in place of its base state; these flags only occur
@@ -119,6 +119,20 @@ def gpus_in_gres(value: Any) -> int:
         except (TypeError, ValueError):
             continue
     return total
+
+
+def gpu_type_in_gres(value: Any) -> str:
+    """The GPU type in a pyslurm GRES value (``{"gpu:a100": 4}`` -> ``a100``), "" when
+    untyped."""
+    if isinstance(value, str):
+        return gpu_type_in(value)
+    if not isinstance(value, Mapping):
+        return ""
+    for key in value:
+        name = str(key).removeprefix("gres/").removeprefix("gres:")
+        if name.startswith("gpu:"):
+            return gpu_type_in(f"{name}:1")
+    return ""
 
 
 def _int(value: Any) -> int:
@@ -269,6 +283,7 @@ def node_from_pyslurm(node: Any, gpus_used: int = 0) -> SlurmNode:
         gpus_used=gpus_used,
         reason=_str(node.reason),
         cpus_used=_int(node.allocated_cpus),
+        gpu_type=gpu_type_in_gres(node.configured_gres),
     )
 
 

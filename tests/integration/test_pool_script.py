@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +47,38 @@ def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
     assert again.returncode == 0
 
 
+@pytest.mark.skipif(not _slurm_installed(), reason="Slurm is not installed")
+def test_a_pool_of_gpu_types(tmp_path: Path) -> None:
+    """`up --gpu-types`: typed GRES and a feature per type, as a site declares them; Slurm
+    places a typed request on its type, and `hpcorch status` shows each node's type."""
+    pdir = tmp_path / "pool"
+    port = str(pool_port_base() + 200)
+    up = pool(pdir, "up", "--nodes", "3", "--gpus-per-node", "2", "--gpu-types", "a100:2,v100:1",
+              "--port-base", port)  # fmt: skip
+    assert up.returncode == 0, up.stderr
+    assert "GPU types a100:2 v100:1" in up.stderr
+    env = pool_env({**os.environ, "HPCORCH_POOL_DIR": str(pdir), "HPCORCH_HOME": str(tmp_path)})
+    try:
+
+        def run(*cmd: str) -> str:
+            return subprocess.run(cmd, env=env, text=True, capture_output=True, check=True).stdout
+
+        shown = run("sinfo", "-h", "-N", "-o", "%N %G %f").split()
+        assert shown == ["n1", "gpu:a100:2", "a100", "n2", "gpu:a100:2", "a100",
+                         "n3", "gpu:v100:2", "v100"]  # fmt: skip
+        job = run("sbatch", "--parsable", "-o", "/dev/null", "--gres=gpu:v100:1", "--wrap",
+                  "sleep 60").split(";")[0].strip()  # fmt: skip
+        state = ("squeue", "-h", "-j", job, "-o", "%T")
+        wait_for("the v100 job running", lambda: run(*state) == "RUNNING\n")
+        assert run("squeue", "-h", "-j", job, "-o", "%N").strip() == "n3"
+        status = run(sys.executable, "-m", "hpcorch", "status").splitlines()
+        assert status[1].split() == ["NODE", "STATE", "TYPE", "GPUS", "BUSY"]
+        assert [ln.split()[2] for ln in status[2:5]] == ["a100", "a100", "v100"]
+    finally:
+        down = pool(pdir, "down")
+    assert down.returncode == 0, down.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "code", "needle"),
     [
@@ -53,6 +86,9 @@ def test_up_then_down_leaves_nothing_running(tmp_path: Path) -> None:
         (["up", "--frobnicate"], 1, "unknown option for up: '--frobnicate'"),
         (["frob"], 2, "unknown command 'frob' (valid: install up status env down)"),
         (["status"], 1, "no pool in"),
+        (["up", "--nodes", "2", "--gpu-types", "a100:1"], 1, "gives 1 nodes, the pool has 2"),
+        (["up", "--gpu-types", "A100:4"], 1, "--gpu-types needs TYPE:NODES[,TYPE:NODES...]"),
+        (["up", "--gpu-types", "t4:2,t4:2"], 1, "--gpu-types names type 't4' twice"),
     ],
 )
 def test_bad_use_is_one_clear_line(tmp_path: Path, args: list[str], code: int, needle: str) -> None:
