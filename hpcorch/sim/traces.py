@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -84,6 +85,8 @@ class AppTrace:
 
     def __init__(self, trace_dir: Path, epochs: int | None = None) -> None:
         self.name = trace_dir.name
+        self.speed = 1.0
+        """How many times as fast as the measured GPU this trace's GPU computes."""
         if not trace_dir.is_dir():
             raise TraceError(f"no trace directory {trace_dir}")
         vals: list[Validation] = []
@@ -169,6 +172,17 @@ class AppTrace:
         out.epoch_end = self.epoch_end * factor
         return out
 
+    def on_gpu(self, speed: float) -> AppTrace:
+        """This application on a GPU ``speed`` times as fast as the one its traces were
+        measured on: a micro-step's compute (its step time less its all-reduce) takes
+        1/``speed`` as long; the all-reduce, over the same network, as long as measured."""
+        if not (math.isfinite(speed) and 0.01 <= speed <= 100):
+            raise TraceError(f"a GPU speed factor must be in [0.01, 100], got {speed:g}")
+        out = copy.copy(self)
+        out.speed = self.speed * speed
+        out._cache = {}
+        return out
+
     # -- throughput ---------------------------------------------------------------------
     def step_time(self, placement: tuple[int, ...], micro_batch: int) -> tuple[float, float]:
         """(step_time, sync_time) in seconds of one micro-step on ``placement``."""
@@ -194,6 +208,8 @@ class AppTrace:
                     out = self._nearest(q)[0]
                 got = self._cache[ikey] = (float(out[0]), float(out[1]))
             res = got
+        if self.speed != 1.0:
+            res = (res[1] + (res[0] - res[1]) / self.speed, res[1])
         self._cache[key] = res
         return res
 
