@@ -221,7 +221,10 @@ def test_a_node_that_comes_back_costs_no_retry(env_pool: Pool, tmp_path: Path) -
     )  # fmt: skip
     ctl.start()
     try:
-        job = submit(env_pool, res, "flap", 4, 4, "--epochs", "40", "--sample-delay", "0.004")
+        # it trains until the three flaps are over (a file tells it), however fast it runs
+        stop = tmp_path / "flaps-done"
+        job = submit(env_pool, res, "flap", 4, 4, "--epochs", "100000", "--sample-delay",
+                     "0.004", "--until-file", str(stop))  # fmt: skip
         for flap in range(1, 4):
             # Each flap starts from a settled pool: the job RUNNING in Slurm (and in the
             # controller's view) on n3, whose slurmd is registered. Slurm may requeue the job
@@ -253,6 +256,7 @@ def test_a_node_that_comes_back_costs_no_retry(env_pool: Pool, tmp_path: Path) -
             up = [str(REPO / "slurm" / "pool"), "up"]
             subprocess.run(up, env=env_pool.env, check=True, capture_output=True)
             wait_for(f"n3 back after flap {flap}", lambda: node_responds(env_pool, "n3"), 120)
+        stop.touch()
         wait_for("the job ended", lambda: ctl.phase(job) in ("done", "failed"), 900, ctl.log)
         store = ctl.store()
         rec = store.job(job)
