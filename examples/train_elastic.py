@@ -38,12 +38,12 @@ UNTIL_EVERY = 8
 """Steps between two looks for --until-file (all ranks agree on what rank 0 found)."""
 
 
-def everyone(flag: bool) -> bool:
-    """Whether any rank says ``flag``: every rank gets the same answer (collective)."""
+def rank0_says(flag: bool, device: torch.device) -> bool:
+    """Rank 0's ``flag``, on every rank (collective): all ranks leave at the same step."""
     if not dist.is_initialized():
         return flag
-    t = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([float(flag)], device=device)
+    dist.broadcast(t, src=0)
     return bool(t.item())
 
 
@@ -124,7 +124,8 @@ def main() -> None:
             time.sleep(a.step_delay)
         if a.sample_delay:
             time.sleep(a.sample_delay * job.batch.micro_batch * job.batch.accum_steps)
-        if a.until_file and step.index % UNTIL_EVERY == 0 and everyone(a.until_file.exists()):
+        told = a.until_file is not None and step.index % UNTIL_EVERY == 0
+        if told and rank0_says(a.until_file.exists(), job.device):
             stopped = True
             break
     if stopped:
