@@ -74,10 +74,15 @@ def function_payload(fn: Callable[..., Any], args: Any, kwargs: Any) -> bytes:
         raise RequestError(f"the function cannot be pickled: {exc}{hint}") from exc
 
 
+def name_chars(raw: str) -> str:
+    """``raw`` with every character but letters, digits and _ . + - as _ (a job name's)."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", raw)
+
+
 def job_name_of(fn: Callable[..., Any], limit: int = 64) -> str:
     """A job name from a function's name (letters, digits and _ . + -)."""
     raw = getattr(fn, "__name__", "function")
-    return re.sub(r"[^A-Za-z0-9_.+-]", "_", raw).lstrip("_.+-")[:limit] or "function"
+    return name_chars(raw).lstrip("_.+-")[:limit] or "function"
 
 
 def has_cloudpickle() -> bool:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import re
 import socket
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcorch import fnjob
-from hpcorch.apibase import JobError, check_options, function_payload, job_name_of
+from hpcorch.apibase import JobError, check_options, function_payload, job_name_of, name_chars
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import jobs_dir
 from hpcorch.request import RequestError
@@ -107,7 +106,7 @@ class LocalExecutor:
         path = Path(script)
         if not path.is_file():
             raise RequestError(f"script {os.fspath(script)!r} does not exist or is not a file")
-        name = re.sub(r"[^A-Za-z0-9_.+-]", "_", path.stem)[:64] or "job"
+        name = name_chars(path.stem)[:64] or "job"
         return self._start([sys.executable, str(path.resolve()), *args], name, False)
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> LocalJob:

@@ -38,16 +38,15 @@ def _ended_by_slurm(signum: int, frame: FrameType | None) -> None:
     os._exit(EXIT_DONE)
 
 
-def requeue_self(job_id: str, controlled: bool, wait_s: float = REQUEUE_WAIT_S) -> bool:
+def requeue_self(job_id: str, controlled: bool, wait_s: float = REQUEUE_WAIT_S) -> None:
     """Requeue job ``job_id`` from inside it; this process exits 0 when Slurm's requeue ends
-    it. False (this process still running) when Slurm refused the requeue or did not end
-    the job within ``wait_s``: the caller exits 75 instead."""
+    it. Returns only when Slurm refused the requeue or did not end the job within
+    ``wait_s``: the caller exits 75 instead."""
     before = signal.signal(signal.SIGTERM, _ended_by_slurm)
     try:
         done = subprocess.run(requeue_command(job_id, controlled), check=False)
         if done.returncode == 0:
             time.sleep(wait_s)
-        return False
     finally:
         signal.signal(signal.SIGTERM, before)
 
@@ -65,7 +64,7 @@ def relaunch(
         return EXIT_RELAUNCH
     else:
         log(f"stopped: requeueing job {job_id} to resume{REQUEUE_NOTE}")
-    requeue_self(job_id, controlled)  # ended by Slurm's requeue: exits 0
+    requeue_self(job_id, controlled)  # ended by Slurm's requeue: exits 0, or returns
     if controlled:
         log(f"the requeue failed: the controller relaunches the job on exit code {EXIT_RELAUNCH}")
     else:
