@@ -1,31 +1,27 @@
 # slurm/lib/gpu-types.sh: a local pool of several GPU types (`slurm/pool up --gpu-types`),
-# sourced by slurm/pool, whose settings (gpu_types, nodes, prefix, digits, port_base, cpus,
-# mem_mb, gpus, dir) and helpers (die, node_name) it uses.
+# sourced by slurm/pool, whose settings (gpu_types, nodes, port_base, dir) and helpers
+# (die, node_range) it uses.
 
-# --gpu-types: one NodeName line per type in slurm.conf and gres.conf, in place of the
-# template's one line for every node (each slurmd keeps its port: port base + 100 + index)
+# --gpu-types: the template's NodeName line of slurm.conf and of gres.conf, rendered for
+# every node, becomes one line per type: its nodes, their slurmd ports (port base + 100 +
+# index), and the type (Gres=gpu:T:G Feature=T; Type=T)
 typed_nodes() {
-  local host=$1 gpu_last=$2 spec t n first=1 last names ports node_lines="" gres_lines=""
-  local specs
+  local f line out spec t n first last specs
   IFS=, read -ra specs <<<"$gpu_types"
-  for spec in "${specs[@]}"; do
-    t=${spec%%:*} n=${spec#*:}
-    last=$((first + n - 1))
-    if ((n == 1)); then
-      names=$(node_name "$first") ports=$((port_base + 100 + first))
-    else
-      names="$prefix[$(printf '%0*d' "$digits" "$first")-$(printf '%0*d' "$digits" "$last")]"
-      ports="[$((port_base + 100 + first))-$((port_base + 100 + last))]"
-    fi
-    node_lines+="NodeName=$names NodeHostname=$host NodeAddr=127.0.0.1 Port=$ports CPUs=$cpus RealMemory=$mem_mb Gres=gpu:$t:$gpus Feature=$t State=UNKNOWN"$'\n'
-    gres_lines+="NodeName=$names Name=gpu Type=$t File=$dir/dev/gpu[0-$gpu_last]"$'\n'
-    first=$((last + 1))
-  done
-  local f
   for f in "$dir/etc/slurm.conf.tmp" "$dir/etc/gres.conf"; do
-    local lines=$node_lines
-    [[ $f == */gres.conf ]] && lines=$gres_lines
-    awk -v lines="$lines" '/^NodeName=/ { if (!done) printf "%s", lines; done = 1; next } { print }' \
+    line=$(grep -m 1 '^NodeName=' "$f")
+    out="" first=1
+    for spec in "${specs[@]}"; do
+      t=${spec%%:*} n=${spec#*:}
+      last=$((first + n - 1))
+      local ports="[$((port_base + 100 + first))-$((port_base + 100 + last))]"
+      ((n == 1)) && ports=$((port_base + 100 + first))
+      out+=$(sed -E -e "s/^NodeName=[^ ]+/NodeName=$(node_range "$first" "$last")/" \
+        -e "s/ Port=[^ ]+/ Port=$ports/" -e "s/ Gres=gpu:([0-9]+)/ Gres=gpu:$t:\1 Feature=$t/" \
+        -e "s/ Name=gpu / Name=gpu Type=$t /" <<<"$line")$'\n'
+      first=$((last + 1))
+    done
+    awk -v lines="$out" '/^NodeName=/ { if (!done) printf "%s", lines; done = 1; next } { print }' \
       "$f" >"$f.typed" && mv "$f.typed" "$f"
   done
 }
