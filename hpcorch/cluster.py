@@ -141,6 +141,8 @@ class Shape:
     cpus_per_gpu: int = 0
     """CPUs with each GPU (0: as submitted)."""
     per_node: tuple[int, ...] = ()
+    gpu_type: str = ""
+    """The GPU type the launch requests (``--gres=gpu:<type>:N``; "": any)."""
 
     @property
     def gpus(self) -> int:

@@ -26,6 +26,8 @@ class StepSample:
     step_time: float
     sync_time: float
     accum_steps: int = 1
+    gpu_type: str = ""
+    """The GPU type it was measured on ("" in a pool of one type)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,10 @@ class JobView:
     """True when the job takes a new global batch at its next step without a restart (the
     runtime's managed mode): a batch-only change is free. False: its batch changes only
     when it is relaunched, so at its current GPUs it keeps the batch it runs with."""
+    gpu_type: str = ""
+    """The GPU type it runs on now ("" when queued or in a pool of one type)."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types the job accepts (``hpcorch submit --gpu-types``); empty: any."""
     weight: float = 1.0
     """The job's claim relative to the others (mean 1): its user's fair share split over
     the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every
@@ -147,6 +153,11 @@ class Snapshot:
     restart_cost_s: float = 30.0
     node_cpus: tuple[int, ...] = ()
     """CPUs per node (same order as ``node_gpus``); empty = CPUs not managed."""
+    node_types: tuple[str, ...] = ()
+    """GPU type per node (same order as ``node_gpus``); empty or all alike: one type."""
+    mix_types: bool = False
+    """The site's opt-in: one launch may span nodes of two GPU types (it then runs at the
+    slowest one's speed); else every plan keeps a job on one type."""
     pool_across_owners: bool = False
     """The site's opt-in: jobs of every owner that report one model fingerprint pool what
     was learned of it (by a vote of owners, :mod:`hpcorch.policy.pooling`); else only one
@@ -155,6 +166,18 @@ class Snapshot:
     @property
     def total_gpus(self) -> int:
         return sum(self.node_gpus)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        """The pool's GPU types, sorted; () when it has one type (or none named)."""
+        kinds = tuple(sorted(set(self.node_types)))
+        return kinds if len(kinds) > 1 and len(self.node_types) == len(self.node_gpus) else ()
+
+    def type_of(self, placement: Mapping[int, int]) -> str:
+        """The GPU type of the nodes of ``placement`` ("" untyped, "+"-joined if mixed)."""
+        if not self.gpu_types:
+            return ""
+        return "+".join(sorted({self.node_types[n] for n in placement}))
 
     @property
     def manages_cpus(self) -> bool:
@@ -180,6 +203,8 @@ class JobPlan:
     accum_steps: int
     cpus_per_gpu: int = 0
     """CPUs per GPU; 0 = leave as is (a job that moves or starts gets the site default)."""
+    gpu_type: str = ""
+    """The GPU type of its nodes, which its launch requests ("" in a pool of one type)."""
 
 
 @dataclass(frozen=True)
@@ -234,11 +259,27 @@ def validate_plan(snapshot: Snapshot, plan: Plan) -> None:
             if not 0 <= node < len(used) or n < 1:
                 raise PlanError(f"{p.job_id}: bad placement {dict(p.placement)}")
             used[node] += n
+        _validate_type(snapshot, job, p)
     for node, n in enumerate(used):
         if n > snapshot.node_gpus[node]:
             raise PlanError(f"node {node}: {n} GPUs planned, {snapshot.node_gpus[node]} exist")
     if snapshot.manages_cpus:
         _validate_cpus(snapshot, plan, jobs)
+
+
+def _validate_type(snapshot: Snapshot, job: JobView, p: JobPlan) -> None:
+    """One type per launch (unless the site mixes), of a type the job accepts."""
+    if not snapshot.gpu_types:
+        return
+    kinds = {snapshot.node_types[n] for n in p.placement}
+    if len(kinds) > 1 and not snapshot.mix_types:
+        raise PlanError(f"{p.job_id}: placement spans GPU types {', '.join(sorted(kinds))}")
+    if job.gpu_types and not kinds <= set(job.gpu_types):
+        raise PlanError(
+            f"{p.job_id}: on {', '.join(sorted(kinds))}, accepts {', '.join(job.gpu_types)}"
+        )
+    if p.gpu_type and p.gpu_type != snapshot.type_of(p.placement):
+        raise PlanError(f"{p.job_id}: gpu_type {p.gpu_type} is not its nodes' type")
 
 
 def planned_cpus_per_gpu(snapshot: Snapshot, job: JobView, plan: JobPlan) -> int:
