@@ -22,6 +22,7 @@ from hpcorch.policy.types import (
     StepSample,
     validate_plan,
 )
+from hpcorch.policy.typewrap import PerType
 
 POLICIES: dict[str, Callable[[int], Policy]] = {
     "fifo": lambda seed: FifoPolicy(),
@@ -34,9 +35,16 @@ POLICIES: dict[str, Callable[[int], Policy]] = {
 }
 
 
+TYPE_AWARE = frozenset({"ones"})
+"""Policies that plan GPU types themselves; the others run one instance per type on a pool
+of several (:class:`hpcorch.policy.typewrap.PerType`)."""
+
+
 def make_policy(name: str, seed: int = 0) -> Policy:
     """A fresh policy object by name (one of ``POLICIES``)."""
-    return POLICIES[name](seed)
+    if name in TYPE_AWARE:
+        return POLICIES[name](seed)
+    return PerType(lambda: POLICIES[name](seed), name=name)
 
 
 __all__ = [

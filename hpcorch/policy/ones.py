@@ -23,16 +23,18 @@ Each round:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
-from hpcorch.policy.estimate import estimate, one_gpu_time
+from hpcorch.policy.estimate import Estimates, estimate, one_gpu_time
+from hpcorch.policy.ones_types import schedule_types
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
-from hpcorch.policy.types import Plan, Snapshot
+from hpcorch.policy.types import JobView, Plan, Snapshot
 
 
 @dataclass
@@ -85,8 +87,11 @@ class OnesPolicy:
     _rng: np.random.Generator | None = None
     _network: Network | None = None
     _probing: dict[str, float] = field(default_factory=dict)
+    _typed_pop: list[dict[str, tuple[str, int]]] = field(default_factory=list)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
+        if snapshot.gpu_types and not snapshot.mix_types:
+            return schedule_types(self, snapshot)  # type, GPUs and batch per job
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng
@@ -107,49 +112,15 @@ class OnesPolicy:
         cur = np.array([min(j.gpus, width - 1) for j in jobs], dtype=np.int64)
         cols = np.arange(width)[None, :]
         change = cols != cur[:, None]
-        base = est.time
-        if self.now_rate and est.speed_now is not None and est.remaining is not None:
-            with np.errstate(divide="ignore"):
-                base = np.where(est.speed_now > 0, est.remaining[:, None] / est.speed_now, np.inf)
-            base[:, 0] = np.inf
-        t = base + np.where(change, snapshot.restart_cost_s, 0.0)
-        running = (cur > 0)[:, None]
-        t = np.where(change & running, t / (1.0 - self.hysteresis), t)
-        # A job about to finish is never resized: the restart would cost more than it saves.
-        t_now = est.time[np.arange(n), cur][:, None]
-        ending = running & (t_now < self.min_resize_s) & (cols > 0)
-        t = np.where(ending & change, np.inf, t)
-        with np.errstate(divide="ignore"):
-            value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
-        value[:, 0] = 0.0
-        if self.knee > 0:
-            value = _knee(value, est.time, self.knee, self.knee_discount)
+        value, t = self.time_value(snapshot, est, cur)
         # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
-        work = one_gpu_time(est.time, est.gmin)
-        if self.priority != 1.0:
-            finite = work[np.isfinite(work)]
-            # a job whose time cannot be predicted counts as a typical one, not as 1 s
-            fallback = float(np.median(finite)) if len(finite) else 1.0
-            ref = np.where(np.isfinite(work), work, fallback)[:, None]
-            value = value * ref ** (1.0 - self.priority)
-        if self.rank_weight > 0:
-            t1 = np.where(np.isfinite(work), work, 1e12)
-            rank = np.empty(n)
-            rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
-            value = value * rank[:, None] ** self.rank_weight
-        value = value * np.array([j.weight for j in jobs])[:, None]  # users' fair shares
+        value = self.weigh(value, one_gpu_time(est.time, est.gmin), jobs)
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
         pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
         value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
         if self.probe and self.probe_hold_s > 0:
-            probing = np.array(needs_probe(jobs, est), dtype=bool) & ~pinned
-            # only the jobs still in the pool: a controller runs for months
-            here = {j.job_id for j in jobs}
-            self._probing = {k: v for k, v in self._probing.items() if k in here}
-            for i in np.flatnonzero(probing):
-                since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
-                probing[i] = snapshot.now - since < self.probe_hold_s
+            probing = self.holding(snapshot, np.array(needs_probe(jobs, est), dtype=bool) & ~pinned)
             value[probing[:, None] & change & (cols > 0)] = -np.inf
         ops = _Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
 
@@ -184,6 +155,68 @@ class OnesPolicy:
         if self.probe:
             plan = probe_batches(jobs, est, plan)
         return fit_cpus(snapshot, plan)
+
+    def time_value(
+        self, snapshot: Snapshot, est: Estimates, cur: np.ndarray, ending: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(value, time): ``time[j, g]`` the job's remaining time on ``g`` GPUs with the
+        restart cost (and hysteresis) of a change from ``cur``; ``value`` its inverse (the
+        job's completion rate), 0 for no GPUs, -inf where it must not change. ``ending``:
+        the jobs about to finish (default: those ``est`` predicts to within
+        ``min_resize_s`` at ``cur``), which keep what they have."""
+        n, width = est.time.shape
+        cols = np.arange(width)[None, :]
+        change = cols != cur[:, None]
+        base = est.time
+        if self.now_rate and est.speed_now is not None and est.remaining is not None:
+            with np.errstate(divide="ignore"):
+                base = np.where(est.speed_now > 0, est.remaining[:, None] / est.speed_now, np.inf)
+            base[:, 0] = np.inf
+        t = base + np.where(change, snapshot.restart_cost_s, 0.0)
+        running = (cur != 0)[:, None]  # -1: running on another GPU type
+        t = np.where(change & running, t / (1.0 - self.hysteresis), t)
+        # A job about to finish is never resized: the restart would cost more than it saves.
+        if ending is None:
+            t_now = est.time[np.arange(n), cur][:, None]
+            ending = running & (t_now < self.min_resize_s)
+        t = np.where(ending.reshape(n, 1) & (cols > 0) & change, np.inf, t)
+        with np.errstate(divide="ignore"):
+            value = np.where(np.isfinite(t), 1.0 / t, -np.inf)
+        value[:, 0] = 0.0
+        if self.knee > 0:
+            value = _knee(value, est.time, self.knee, self.knee_discount)
+        return value, t
+
+    def weigh(self, value: np.ndarray, work: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray:
+        """``value`` (jobs first) weighted by each job's remaining ``work`` (GPU-seconds),
+        its rank by it and its user's share (see the class's fields)."""
+        n = len(jobs)
+        shape = (n,) + (1,) * (value.ndim - 1)
+        if self.priority != 1.0:
+            finite = work[np.isfinite(work)]
+            # a job whose time cannot be predicted counts as a typical one, not as 1 s
+            fallback = float(np.median(finite)) if len(finite) else 1.0
+            ref = np.where(np.isfinite(work), work, fallback).reshape(shape)
+            value = value * ref ** (1.0 - self.priority)
+        if self.rank_weight > 0:
+            t1 = np.where(np.isfinite(work), work, 1e12)
+            rank = np.empty(n)
+            rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
+            value = value * rank.reshape(shape) ** self.rank_weight
+        weights = np.array([j.weight for j in jobs]).reshape(shape)
+        return np.asarray(value * weights)  # users' fair shares
+
+    def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray:
+        """Of the jobs that want a probe, those still held for it (see ``probe_hold_s``)."""
+        jobs = snapshot.jobs
+        # only the jobs still in the pool: a controller runs for months
+        here = {j.job_id for j in jobs}
+        self._probing = {k: v for k, v in self._probing.items() if k in here}
+        probing = probing.copy()
+        for i in np.flatnonzero(probing):
+            since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
+            probing[i] = snapshot.now - since < self.probe_hold_s
+        return probing
 
 
 class _Ops:

@@ -123,7 +123,28 @@ def _least_attained(
     for job in admitted:
         if job.running:
             continue
-        placement = place_packed(free, _want(job))
+        placement = _place_one_type(snapshot, job, free, _want(job))
         if placement is not None:
             plans.append(job_plan(job, placement, job.requested_batch))
     return plans
+
+
+def _place_one_type(
+    snapshot: Snapshot, job: JobView, free: list[int], gpus: int
+) -> dict[int, int] | None:
+    """``place_packed`` on the nodes of one type the job accepts (the type with the most
+    free GPUs first) where the pool has several types and may not mix them; ``free`` is
+    updated in place."""
+    if not snapshot.gpu_types or snapshot.mix_types:
+        return place_packed(free, gpus)
+    ok = [t for t in snapshot.gpu_types if not job.gpu_types or t in job.gpu_types]
+    by_type = {t: [i for i, nt in enumerate(snapshot.node_types) if nt == t] for t in ok}
+    for t in sorted(ok, key=lambda t: -sum(free[i] for i in by_type[t])):
+        idx = by_type[t]
+        sub = [free[i] for i in idx]
+        placed = place_packed(sub, gpus)
+        if placed is not None:
+            for k, i in enumerate(idx):
+                free[i] = sub[k]
+            return {idx[k]: c for k, c in placed.items()}
+    return None
