@@ -32,6 +32,7 @@ from hpcorch.policy.types import Plan, Policy, Snapshot
 from hpcorch.sim.bound import lower_bound
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.gputypes import TypedPool
 from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimConfig, SimResult
 from hpcorch.sim.regime import in_regime
 from hpcorch.sim.slurm_side import SimSlurm
@@ -104,6 +105,7 @@ def simulate_controlled(
     cfg = config or SimConfig()
     cost = cost or ResizeCost()
     rules = settings or sim_settings(cost)
+    typed = TypedPool(cfg.node_types, apps) if cfg.gpu_types else None
     side = SimSlurm(
         workload,
         apps,
@@ -113,6 +115,7 @@ def simulate_controlled(
         node_cpus=cfg.node_cpus,
         cpu_demand=dict(cfg.cpu_demand),
         fixed_cpus=cfg.cpus_per_gpu,
+        typed=typed,
     )
     loop_cfg = LoopConfig(
         interval_s=interval_s,
@@ -179,7 +182,7 @@ def simulate_controlled(
         timeline=side.world.timeline,
         total_gpus=sum(cfg.node_gpus),
         decision_s=timed.cpu_s,
-        lower_bound=lower_bound(workload, apps, bound_cfg),
+        lower_bound=lower_bound(workload, typed.fastest() if typed else apps, bound_cfg),
         allocated_gpu_seconds=side.world.allocated_gpu_seconds,
         extra={
             "idle_held": 0.0,

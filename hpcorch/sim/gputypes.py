@@ -60,3 +60,27 @@ def apps_on(
     if missing:
         raise TraceError(f"no speed factor of {gpu_type} for {', '.join(missing)}")
     return {name: app.on_gpu(table[name]) for name, app in apps.items()}
+
+
+class TypedPool:
+    """The GPU type of every node of a simulated pool and each application on each type."""
+
+    def __init__(
+        self,
+        node_types: tuple[str, ...],
+        apps: Mapping[str, AppTrace],
+        speeds: Mapping[str, Mapping[str, float]] | None = None,
+    ) -> None:
+        table = speeds if speeds is not None else load_speeds()
+        self.node_types = node_types
+        self.apps = {t: apps_on(apps, t, table) for t in sorted(set(node_types))}
+
+    def app_on(self, name: str, nodes: tuple[int, ...]) -> AppTrace:
+        """Application ``name`` on ``nodes``: on several types, at the slowest one's speed
+        (every rank waits for the slowest at each all-reduce)."""
+        return min((self.apps[self.node_types[i]][name] for i in nodes), key=lambda a: a.speed)
+
+    def fastest(self) -> dict[str, AppTrace]:
+        """Each application on the type it runs fastest on (for a lower bound)."""
+        names = next(iter(self.apps.values()))
+        return {n: max((a[n] for a in self.apps.values()), key=lambda a: a.speed) for n in names}

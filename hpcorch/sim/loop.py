@@ -38,10 +38,22 @@ class SimConfig:
     """Fixed CPUs per GPU for every job whatever the policy chooses (0: the policy's)."""
     regime: Regime = field(default_factory=Regime)
     """What the policy knows of a job before it runs (see :mod:`hpcorch.sim.regime`)."""
+    gpu_types: tuple[tuple[str, int], ...] = ()
+    """A pool of several GPU types: (type, nodes) in node order, the nodes adding up to
+    ``nodes`` (:mod:`hpcorch.sim.gputypes`); empty: every GPU of the traces' type."""
+
+    def __post_init__(self) -> None:
+        if self.gpu_types and sum(n for _, n in self.gpu_types) != self.nodes:
+            raise ValueError(f"GPU types {self.gpu_types} do not add up to {self.nodes} nodes")
 
     @property
     def node_gpus(self) -> tuple[int, ...]:
         return (self.gpus_per_node,) * self.nodes
+
+    @property
+    def node_types(self) -> tuple[str, ...]:
+        """GPU type per node (empty: one type)."""
+        return tuple(t for t, n in self.gpu_types for _ in range(n))
 
     @property
     def node_cpus(self) -> tuple[int, ...]:

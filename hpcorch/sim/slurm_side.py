@@ -43,6 +43,7 @@ from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
 from hpcorch.protocol import EXIT_DONE
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.gputypes import TypedPool
 from hpcorch.sim.slurm_jobs import INF, Checkpoint, SlurmJob, job_tags
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
@@ -71,6 +72,7 @@ class SimSlurm:
         node_cpus: tuple[int, ...] = (),
         cpu_demand: Mapping[str, float] | None = None,
         fixed_cpus: int = 0,
+        typed: TypedPool | None = None,
     ) -> None:
         self.cost = cost or ResizeCost()
         self.world = SimCluster(
@@ -81,6 +83,8 @@ class SimSlurm:
         """CPUs per node (empty: CPUs are not modelled)."""
         self.fixed_cpus = fixed_cpus
         """CPUs per GPU every job script fixes (0: the shape's, else the site default)."""
+        self.typed = typed
+        """Nodes of several GPU types (None: one type, the traces')."""
         self.node_names = tuple(f"sim{i:03d}" for i in range(len(node_gpus)))
         self._index = {n: i for i, n in enumerate(self.node_names)}
         self.report_s = report_s
@@ -125,7 +129,7 @@ class SimSlurm:
         # CPUs fixed by every job script: the controller is not told them, so plans none
         cpus = self.node_cpus if self.node_cpus and not self.fixed_cpus else (0,) * len(used)
         nodes = tuple(
-            PoolNode(name, g, used[i], True, cpus[i])
+            PoolNode(name, g, used[i], True, cpus[i], gpu_type=self._type(i))
             for i, (name, g) in enumerate(zip(self.node_names, self.node_gpus, strict=True))
         )
         seen = []
@@ -175,6 +179,10 @@ class SimSlurm:
             len(shape.per_node) != len(shape.node_names) or min(shape.per_node) < 1
         ):
             raise SimSlurmError(f"job {slurm_id}: invalid placement {shape}")
+        if shape.gpu_type and any(
+            self._type(self._index[n]) != shape.gpu_type for n in shape.node_names
+        ):
+            raise SimSlurmError(f"job {slurm_id}: nodes without gres gpu:{shape.gpu_type}")
         j.shape = shape
         j.held = j.special_exit = False
         self._bump(j)
@@ -399,8 +407,11 @@ class SimSlurm:
             if all(free[i] >= c for i, c in zip(idx, counts, strict=True)):
                 return idx, counts
             return None
-        per = shape.gpus_per_node
-        fits = sorted((i for i, f in enumerate(free) if f >= per), key=lambda i: (free[i], i))
+        per, kind = shape.gpus_per_node, shape.gpu_type
+        fits = sorted(
+            (i for i, f in enumerate(free) if f >= per and kind in ("", self._type(i))),
+            key=lambda i: (free[i], i),
+        )
         if len(fits) < shape.nodes:
             return None
         return tuple(sorted(fits[: shape.nodes])), (per,) * shape.nodes
@@ -417,6 +428,8 @@ class SimSlurm:
             j.first_start = now
         self._running.append(j)
         m.placement = tuple(zip(nodes, counts, strict=True))
+        if self.typed is not None:
+            m.app = self.typed.app_on(m.spec.application, nodes)
         self._set_batch(j, j.plan)
         m.rescale_left = self.cost.startup(sum(counts))
         j.train_at = now + m.rescale_left
@@ -540,6 +553,9 @@ class SimSlurm:
             j.lines[-1].update(cpus_per_gpu=m.cpus_per_gpu, data_wait=it - compute)
         j.win_steps = j.win_seconds = 0.0
         j.last_line = at
+
+    def _type(self, node: int) -> str:
+        return self.typed.node_types[node] if self.typed is not None else ""
 
     def _job(self, slurm_id: int) -> SlurmJob:
         j = self._by_id.get(slurm_id)
