@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from hpcorch.errors import SubmitError
+from hpcorch.gputypes import GpuTypeError, parse_gpu_types
 from hpcorch.protocol import DEFAULT_MAX_RELAUNCHES, MAX_DECLARED_EPOCHS, MAX_DECLARED_SAMPLES
 from hpcorch.sidecar.config import SidecarError, check_regex, signal_number
 from hpcorch.slurm.options import OptionError, SlurmOptions, env_defaults, make_options
@@ -186,6 +187,7 @@ def build_request(
     name: str | None = None,
     cpus_per_gpu: int | None = None,
     max_per_gpu_batch: int | None = None,
+    gpu_types: str | Sequence[str] | None = None,
     pool: str | None = None,
     app: str | None = None,
     mode: str = "auto",
@@ -225,6 +227,16 @@ def build_request(
     declared_samples = _count(dataset_size, "--dataset-size", hi=MAX_DECLARED_SAMPLES)
     if mode not in MODES:
         raise RequestError(f"unknown mode {mode!r} (valid: {', '.join(MODES)})")
+    try:
+        types = parse_gpu_types(gpu_types)
+    except GpuTypeError as exc:
+        raise RequestError(str(exc)) from exc
+    if len(types) > 1 and not pool:
+        # straight to Slurm, the types go into --gres, which names one type
+        raise RequestError(
+            "--gpu-types: several types need a pool (--pool); outside one, Slurm's --gres "
+            "takes one type"
+        )
     defaults = env_defaults(os.environ if environ is None else environ)
     partition = partition or defaults.get("partition")
     time_limit = time_limit or defaults.get("time_limit")
@@ -274,6 +286,7 @@ def build_request(
         partition=partition,
         cpus_per_gpu=cpus,
         max_per_gpu_batch=micro,
+        gpu_types=types,
         pool=pool or None,
         app=app,
         mode=mode,

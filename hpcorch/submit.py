@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from hpcorch.errors import HpcorchError, SubmitError
+from hpcorch.gputypes import unknown_types
 from hpcorch.paths import jobs_dir, spool_dir, wrapper_path
 from hpcorch.protocol import BATCH_SCRIPT_FILE, DEFAULT_MAX_RELAUNCHES, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
@@ -69,6 +70,8 @@ class SubmitRequest:
     """Samples per epoch the job declares (None: not declared)."""
     setup: tuple[str, ...] = ()
     """Shell lines the batch script runs before the job on every launch (checked)."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types the job accepts (checked names; empty: any)."""
 
 
 @dataclass(frozen=True)
@@ -93,14 +96,29 @@ class PoolShape:
 
 
 def pool_shape(
-    nodes: Sequence[SlurmNode], partition: str, only: Sequence[str] | None = None
+    nodes: Sequence[SlurmNode],
+    partition: str,
+    only: Sequence[str] | None = None,
+    gpu_types: Sequence[str] = (),
+    pool: str | None = None,
 ) -> PoolShape:
     """The GPU shape of a partition, or of the nodes ``only`` (a reservation), the
-    smallest node setting the per-node figures."""
+    smallest node setting the per-node figures; of its nodes of ``gpu_types`` only, when
+    given (a type none of its nodes has is refused, naming the types it has)."""
     mine = [n for n in nodes if partition in n.partitions and (only is None or n.name in only)]
     gpu_nodes = [n for n in mine if n.gpus > 0]
     if not gpu_nodes:
         raise SubmitError(f"partition '{partition}' has no GPU nodes")
+    if gpu_types:
+        have = sorted({n.gpu_type for n in gpu_nodes if n.gpu_type})
+        unknown = unknown_types(gpu_types, have)
+        if unknown:
+            where = f"pool '{pool}'" if pool else f"partition '{partition}'"
+            raise SubmitError(
+                f"--gpu-types: {where} has no GPU type {', '.join(unknown)} "
+                f"(valid: {', '.join(have) or 'none: its GPUs are untyped'})"
+            )
+        gpu_nodes = [n for n in gpu_nodes if n.gpu_type in gpu_types]
     return PoolShape(
         partition=partition,
         nodes=len(gpu_nodes),
@@ -153,6 +171,8 @@ def new_job_key(name: str) -> str:
 def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path) -> JobSpec:
     if req.min_gpus > shape.gpus:
         where = f"pool '{req.pool}'" if req.pool else f"partition '{shape.partition}'"
+        if req.gpu_types:
+            where += f" of type {', '.join(req.gpu_types)}"
         raise SubmitError(
             f"--min-gpus {req.min_gpus} exceeds the {shape.gpus} GPUs of {where} "
             f"({shape.nodes} nodes x {shape.gpus_per_node})"
@@ -193,6 +213,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         dataset_size=req.dataset_size,
         spool=str(spool_dir()) if req.pool is not None else None,
         setup=req.setup,
+        gpu_types=req.gpu_types,
     )
 
 
@@ -212,7 +233,7 @@ def submit(
             valid = ", ".join(sorted(pools)) or "none"
             raise SubmitError(f"pool '{req.pool}' does not exist (valid: {valid})")
         only = pools[req.pool]
-    shape = pool_shape(backend.nodes(), partition, only)
+    shape = pool_shape(backend.nodes(), partition, only, req.gpu_types, req.pool)
     job_key = new_job_key(req.name)
     # without symbolic links: the controller reads the job's metrics only through plain paths
     job_dir = jobs_dir().resolve() / job_key

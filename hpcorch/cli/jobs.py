@@ -163,6 +163,12 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
     help="Largest per-GPU micro-batch that fits in memory.",
 )
 @click.option(
+    "--gpu-types",
+    metavar="TYPE[,TYPE...]",
+    help="GPU types the job may run on, e.g. a100,h100, as Slurm names them (Gres=gpu:TYPE:N); "
+    "each launch runs on one of them [default: any].",
+)
+@click.option(
     "--pool",
     envvar="HPCORCH_POOL",
     type=params.Name("pool name"),

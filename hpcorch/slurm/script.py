@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hpcorch import __version__
+from hpcorch.gputypes import TYPE_RE, tag_value
 from hpcorch.protocol import (
     CHECKPOINT_SIGNAL,
     ENV_CKPT_SIGNAL,
@@ -141,6 +142,10 @@ class JobSpec:
     spool: str | None = None
     """The controller's spool (a job in its pool): the wrapper reads the plan from
     <spool>/<Slurm job id>/plan.json, which only the controller writes."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types the job accepts (checked by :mod:`hpcorch.gputypes`; empty: any). In
+    a pool the controller requests one of them at each launch; straight to Slurm (one
+    type) it is the batch script's ``--gres=gpu:TYPE:N``."""
 
     @property
     def gpus(self) -> int:
@@ -169,6 +174,8 @@ class JobSpec:
             parts.append(f"epochs={self.epochs}")
         if self.dataset_size:
             parts.append(f"dataset={self.dataset_size}")
+        if self.gpu_types:
+            parts.append(f"types={tag_value(self.gpu_types)}")
         if self.sidecar is not None:
             parts += ["mode=sidecar", f"grace={self.sidecar.grace_s}"]
             if not self.sidecar.resumable:
@@ -223,6 +230,16 @@ def check_sbatch_path(path: str, what: str) -> str:
     return path
 
 
+def _gres_type(spec: JobSpec) -> str:
+    """``TYPE:`` for the batch script's ``--gres`` of a job straight to Slurm that accepts
+    one GPU type; '' otherwise (in a pool, the controller requests the type at launch)."""
+    if spec.managed or len(spec.gpu_types) != 1:
+        return ""
+    if not TYPE_RE.fullmatch(spec.gpu_types[0]):
+        raise SpecError(f"invalid GPU type {spec.gpu_types[0]!r}")
+    return f"{spec.gpu_types[0]}:"
+
+
 def render_batch_script(spec: JobSpec) -> str:
     """The batch script for ``spec``: deterministic, so it can be golden-file tested."""
     check_name(spec.name)
@@ -236,7 +253,7 @@ def render_batch_script(spec: JobSpec) -> str:
     sb: list[str] = [
         f"--job-name={spec.name}",
         f"--nodes={spec.nodes}",
-        f"--gres=gpu:{spec.gpus_per_node}",
+        f"--gres=gpu:{_gres_type(spec)}{spec.gpus_per_node}",
         # A job the controller reshapes asks for its CPUs per node, and its comment keeps
         # the CPUs per GPU (``cpus=``): Slurm 24.11 keeps a job's first CPUs-per-GPU total
         # through every later update, so a job asked --cpus-per-gpu could never shrink.
