@@ -166,6 +166,12 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Let jobs of different users that report one model fingerprint share what was "
     "learned of it (by a vote of owners); by default only one user's jobs pool.",
 )
+@click.option(
+    "--mix-gpu-types",
+    is_flag=True,
+    help="Let one launch span nodes of several GPU types (it trains at the slowest one's "
+    "speed); by default each launch is on one type.",
+)
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option(
     "--spool",
@@ -214,6 +220,7 @@ def controller(
     min_run: float,
     seed: int,
     pool_models_across_users: bool,
+    mix_gpu_types: bool,
     once: bool,
     spool: str | None,
     adopt: bool,
@@ -263,6 +270,7 @@ def controller(
             max_calls_per_s=max_calls,
             round_s=round_s,
             restart_cost_s=restart_cost,
+            mix_types=mix_gpu_types,
             settings=Settings(
                 grace_s=grace,
                 max_retries=max_retries,

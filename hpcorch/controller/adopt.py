@@ -91,6 +91,7 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         time_budget_s=float(t.budget_s),
         max_relaunches=DEFAULT_MAX_RELAUNCHES if t.max_relaunches is None else t.max_relaunches,
         uid=j.uid,
+        gpu_types=",".join(t.gpu_types),
     )
     # the length its user declared, until the job reports its own
     if t.epochs:

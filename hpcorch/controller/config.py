@@ -33,4 +33,7 @@ class LoopConfig:
     """User holds turned into the controller's own per cycle (each is one Slurm call): 500
     jobs submitted at once are all held by the controller within 63 cycles, a cycle's Slurm
     calls stay bounded meanwhile."""
+    mix_types: bool = False
+    """Let one launch span nodes of several GPU types (``controller --mix-gpu-types``);
+    else every launch is on one type."""
     settings: Settings = field(default_factory=Settings)

@@ -46,6 +46,7 @@ def decide(
     live_batch: bool = False,
     *,
     restart_cost_s: float = 0.0,
+    gpu_type: str = "",
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
     ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
@@ -53,7 +54,8 @@ def decide(
     can take a new batch while it runs (``live_batch``) and is planned at its GPUs with
     another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten.
     A running job is stopped only once it trained ``max(min_run_s, restart_cost_s)`` since
-    its launch started training (``can_stop``)."""
+    its launch started training (``can_stop``). ``gpu_type``: the GPU type of the target's
+    nodes, which the launch requests ('': any)."""
     out = Outcome()
     if rec.budget_spent():
         return out  # it ends at its next checkpoint (observe), never starts again
@@ -63,6 +65,7 @@ def decide(
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus
         rec.target_placement = json.dumps(placement)
+        rec.target_type = gpu_type
         shape = target_shape(rec, pool_nodes)
         out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
         out.events.append(f"start: {target_gpus} GPUs")
@@ -87,6 +90,7 @@ def decide(
         rec.target_gpus = target_gpus
         rec.target_cpus = cpus or rec.target_cpus
         rec.target_placement = json.dumps(placement)
+        rec.target_type = gpu_type if target_gpus else ""
         kind = "preempt" if target_gpus == 0 else "resize"
         what = f"{rec.gpus} -> {target_gpus} GPUs"
         reason = f"{kind} to {target_gpus} GPUs"

@@ -29,7 +29,7 @@ from hpcorch.controller.logs import describe, disk_full, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
-from hpcorch.controller.snapshot import Profiles, build_snapshot, completed
+from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
 from hpcorch.policy.split import split_schedule
@@ -98,13 +98,14 @@ class Controller:
         now = obs.time
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}
+        types = {n.name: n.gpu_type for n in obs.nodes}
         changed = self._adopt_new(obs, now)
         records = self.records.active()
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             try:
                 out = reconcile.observe(
-                    rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings
+                    rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings, types
                 )
             except Exception as exc:
                 self._job_error(rec, "following its state", exc)
@@ -312,6 +313,7 @@ class Controller:
                 obs.fair_shares,
                 self.config.settings,
                 self._profiles,
+                self.config.mix_types,
             )
             t0 = time.perf_counter()
             plan = split_schedule(self.policy, snapshot)
@@ -357,6 +359,7 @@ class Controller:
                     self.executor.plan_batch.get(rec.slurm_id, 0),
                     live and bool(rec.job_dir),
                     restart_cost_s=self.config.restart_cost_s,
+                    gpu_type=planned_type(snapshot, jp),
                 )
             except Exception as exc:
                 self._job_error(rec, "carrying out its plan", exc)

@@ -26,12 +26,15 @@ start goes) and decide.py (a policy's target to actions); their names are re-exp
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hpcorch.cluster import ObservedJob, Shape
 from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
 from hpcorch.controller.store import JobRecord
+from hpcorch.gputypes import type_of_nodes
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
 from hpcorch.timefmt import fmt_duration
 
@@ -63,8 +66,10 @@ def observe(
     now: float,
     pool_nodes: tuple[str, ...],
     s: Settings,
+    node_types: Mapping[str, str] | None = None,
 ) -> Outcome:
-    """Move ``rec`` along with what the cluster reports about it."""
+    """Move ``rec`` along with what the cluster reports about it. ``node_types``: the GPU
+    type of each pool node by name (its launch's type is read off its nodes)."""
     out = Outcome()
     if not rec.active:
         return out
@@ -96,6 +101,11 @@ def observe(
         _pending(rec, job, now, pool_nodes, out, s)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
         _running(rec, job, now, s, out)
+        if job.node_names and rec.phase in (
+            "running",
+            "stopping",
+        ):  # Slurm is the truth about where it runs, not the job
+            rec.gpu_type = type_of_nodes(job.node_names, node_types or {})
     rec.slurm_restarts = max(restarts_before, job.restarts)
     return out
 

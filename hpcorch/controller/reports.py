@@ -81,6 +81,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         cpus_per_gpu=rec.cpus_per_gpu,
         data_wait=s.data_wait,
         epoch=rec.epoch,
+        gpu_type=rec.gpu_type,
     )
 
 

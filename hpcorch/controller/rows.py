@@ -154,6 +154,16 @@ class JobRecord:
     """1 while the current launch is one Slurm made on its own after a node failure (its
     requeue), not one the controller started: such a launch failing before it trains is
     the node's doing (a returning node refuses it), never counted as a try of the job."""
+    gpu_types: str = ""
+    """The GPU types the job accepts, comma-separated (``submit --gpu-types``; '': any)."""
+    gpu_type: str = ""
+    """The GPU type of the nodes Slurm shows for the running (or last) launch, sorted and
+    ``+``-joined if they are of several ('': untyped, or not launched yet)."""
+    target_type: str = ""
+    """The GPU type the plan chose for the next launch ('': any)."""
+
+    def accepted_types(self) -> tuple[str, ...]:
+        return tuple(t for t in self.gpu_types.split(",") if t)
 
     def budget_spent(self) -> bool:
         return 0 < self.time_budget_s <= self.run_total_s
@@ -214,6 +224,8 @@ class Sample:
     """Seconds per step the job waited for its input (None: not measured)."""
     epoch: int = 0
     """The epoch the job was in when it reported."""
+    gpu_type: str = ""
+    """The GPU type of the launch it reported from ('': untyped)."""
 
 
 @dataclass

@@ -15,17 +15,20 @@ from hpcorch.controller.store import JobRecord
 def target_shape(rec: JobRecord, pool_nodes: tuple[str, ...]) -> Shape:
     """The launch shape for the record's target: exactly the planned placement (its GPUs on
     each planned node, the nodes in rank order) when it is known and every planned node
-    exists; else the fewest even nodes for Slurm to choose."""
+    exists; else the fewest even nodes for Slurm to choose. Of the GPU type the plan chose
+    (``rec.target_type``; '': any)."""
     placement = rec.placement()
     if placement and all(0 <= i < len(pool_nodes) for i in placement):
         names = tuple(pool_nodes[i] for i in placement)
         counts = tuple(placement.values())
-        return Shape(len(names), max(counts), names, rec.target_cpus, counts)
+        return Shape(len(names), max(counts), names, rec.target_cpus, counts, rec.target_type)
     per_node = max(placement.values()) if placement else rec.target_gpus
     for nodes in range(1, rec.target_gpus + 1):
         if rec.target_gpus % nodes == 0 and rec.target_gpus // nodes <= max(per_node, 1):
-            return Shape(nodes, rec.target_gpus // nodes, (), rec.target_cpus)
-    return Shape(rec.target_gpus, 1, (), rec.target_cpus)
+            return Shape(
+                nodes, rec.target_gpus // nodes, (), rec.target_cpus, gpu_type=rec.target_type
+            )
+    return Shape(rec.target_gpus, 1, (), rec.target_cpus, gpu_type=rec.target_type)
 
 
 def start_claims(

@@ -23,8 +23,16 @@ from hpcorch.cluster import PoolNode
 from hpcorch.controller.identity import model_key
 from hpcorch.controller.reconcile import Settings, can_stop, target_shape
 from hpcorch.controller.store import JobRecord, Sample
+from hpcorch.gputypes import joined
 from hpcorch.planner import BatchPlanError, plan_batch
-from hpcorch.policy.types import CompletedJob, CpuSample, JobView, Snapshot, StepSample
+from hpcorch.policy.types import (
+    CompletedJob,
+    CpuSample,
+    JobPlan,
+    JobView,
+    Snapshot,
+    StepSample,
+)
 
 PROFILE_WINDOW = 200
 """A configuration's step time is the median of its last this many measurements."""
@@ -37,7 +45,7 @@ class _Groups:
         self.seen = 0
         self.last: Sample | None = None
         """The last sample added: a list it is no longer at ``seen - 1`` in was thinned."""
-        self.steps: dict[tuple[int, int, int, int], list[float]] = defaultdict(list)
+        self.steps: dict[tuple[int, int, int, int, str], list[float]] = defaultdict(list)
         self.cpus: dict[tuple[int, int, int], list[tuple[float, float | None]]] = defaultdict(list)
         self.value: tuple[tuple[StepSample, ...], tuple[CpuSample, ...]] | None = None
 
@@ -46,7 +54,7 @@ class _Groups:
             if s.step_time <= 0 or s.gpus <= 0 or s.micro_batch <= 0:
                 continue
             accum = max(1, s.accum_steps)
-            times = self.steps[(s.nodes, s.gpus, s.micro_batch, accum)]
+            times = self.steps[(s.nodes, s.gpus, s.micro_batch, accum, s.gpu_type)]
             times.append(s.step_time)
             del times[:-PROFILE_WINDOW]
             if s.cpus_per_gpu > 0:
@@ -64,9 +72,9 @@ class _Groups:
             steps = tuple(
                 StepSample(
                     nodes=n, gpus=g, micro_batch=m, step_time=median(t), sync_time=0.0,
-                    accum_steps=k,
+                    accum_steps=k, gpu_type=kind,
                 )
-                for (n, g, m, k), t in sorted(self.steps.items())
+                for (n, g, m, k, kind), t in sorted(self.steps.items())
             )  # fmt: skip
             cpus = []
             for (c, g, m), rows in sorted(self.cpus.items()):
@@ -85,8 +93,8 @@ class _Groups:
 
 
 def profile_of(samples: Sequence[Sample]) -> tuple[StepSample, ...]:
-    """Median seconds per optimizer step at each (nodes, GPUs, micro-batch, accumulation)
-    a job ran (its last ``PROFILE_WINDOW`` measurements of each)."""
+    """Median seconds per optimizer step at each (nodes, GPUs, micro-batch, accumulation,
+    GPU type) a job ran (its last ``PROFILE_WINDOW`` measurements of each)."""
     g = _Groups()
     g.add(samples)
     return g.profiles()[0]
@@ -175,8 +183,11 @@ def job_view(
     settings: Settings | None = None,
     restart_cost_s: float = 0.0,
     profiles: Profiles | None = None,
+    node_types: Sequence[str] = (),
 ) -> JobView:
-    """``request``: the GPUs and global batch the user asked for (default: the minimum
+    """``node_types``: the GPU type of each pool node, in a pool of several types (else
+    ()): the job is shown on the type of its placement, Slurm's (``rec.gpu_type``) for a
+    running job. ``request``: the GPUs and global batch the user asked for (default: the minimum
     GPUs and the initial batch), which the policies that honour requests give it.
     ``settings`` (with ``now`` and ``restart_cost_s``): the controller's rules for when a
     running job may be stopped; without them every running job is shown resizable."""
@@ -197,6 +208,11 @@ def job_view(
         gpus, placement = 0, {}
     if sum(placement.values()) != gpus or set(placement) & down:
         gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
+    kind = ""
+    if node_types and placement:
+        kind = joined(node_types[n] for n in placement if 0 <= n < len(node_types))
+        if rec.phase == "running" and rec.gpu_type:
+            kind = rec.gpu_type
     if gpus and not movable:  # it keeps what it has, whatever its bounds say now
         lo, hi = min(lo, gpus), max(hi, gpus)
     micro, accum = rec.micro_batch, max(1, rec.accum_steps)
@@ -251,6 +267,8 @@ def job_view(
         cpus_per_gpu=rec.cpus_per_gpu if gpus else 0,
         min_cpus_per_gpu=rec.min_cpus,
         cpu_profile=cpu_profile,
+        gpu_type=kind,
+        gpu_types=rec.accepted_types(),
     )
 
 
@@ -312,6 +330,15 @@ def completed(rec: JobRecord, samples: Sequence[Sample]) -> CompletedJob:
     )
 
 
+def planned_type(snapshot: Snapshot, plan: JobPlan | None) -> str:
+    """The GPU type a plan's launch requests: the policy's, else its nodes' (every
+    policy's launch on a pool of several types asks for the type of where it goes)."""
+    if plan is None:
+        return ""
+    kind = plan.gpu_type or snapshot.type_of(plan.placement)
+    return "" if "+" in kind else kind  # a launch the site lets mix types asks for any GPUs
+
+
 def _weighted(view: JobView, weight: float) -> JobView:
     return view if weight == view.weight else replace(view, weight=weight)
 
@@ -329,7 +356,9 @@ def build_snapshot(
     fair_shares: Mapping[str, float] | None = None,
     settings: Settings | None = None,
     profiles: Profiles | None = None,
+    mix_types: bool = False,
 ) -> Snapshot:
+    """``mix_types``: the site lets one launch span nodes of several GPU types."""
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     # what jobs the controller did not place hold is never planned as free
     node_gpus = tuple(max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes)
@@ -337,6 +366,11 @@ def build_snapshot(
     node_cpus = tuple(max(0, n.cpus - n.cpus_foreign) if n.usable else 0 for n in nodes)
     if not nodes or any(n.cpus <= 0 for n in nodes):
         node_cpus = ()
+    # GPU types are planned only where every node's is known
+    node_types = tuple(n.gpu_type for n in nodes)
+    if not all(node_types):
+        node_types = ()
+    typed = node_types if len(set(node_types)) > 1 else ()
     total = sum(node_gpus)
     down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
     req = requests or {}
@@ -355,6 +389,7 @@ def build_snapshot(
                 settings,
                 restart_cost_s,
                 profiles,
+                typed,
             ),
             weights[r.slurm_id],
         )
@@ -365,6 +400,8 @@ def build_snapshot(
         now=now,
         node_gpus=node_gpus,
         node_cpus=node_cpus,
+        node_types=node_types,
+        mix_types=mix_types,
         jobs=views,
         history=tuple(history),
         round_s=round_s,

@@ -50,7 +50,7 @@ __all__ = [
     "job_row",
 ]
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -91,6 +91,12 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "model_bytes INTEGER NOT NULL DEFAULT 0"),
     ),
     8: (("jobs", "slurm_launch INTEGER NOT NULL DEFAULT 0"),),
+    9: (
+        ("jobs", "gpu_types TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "gpu_type TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "target_type TEXT NOT NULL DEFAULT ''"),
+        ("samples", "gpu_type TEXT NOT NULL DEFAULT ''"),
+    ),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hpcorch.gputypes import MAX_TYPES, GpuTypeError, parse_tag
 from hpcorch.protocol import (
     MAX_CPUS_PER_GPU,
     MAX_DECLARED_EPOCHS,
@@ -103,6 +104,17 @@ def tag_path(tags: Mapping[str, str], key: str) -> str:
     return raw
 
 
+def tag_types(tags: Mapping[str, str], key: str) -> tuple[str, ...]:
+    """GPU type names joined by ``+`` (:mod:`hpcorch.gputypes`); () when absent."""
+    raw = tags.get(key)
+    if raw is not None and len(raw) > MAX_TYPES * 33:
+        raise TagError(f"{key}={printable(raw, 24)} is too long")
+    try:
+        return parse_tag(raw)
+    except GpuTypeError as exc:
+        raise TagError(printable(str(exc), 200)) from None
+
+
 @dataclass(frozen=True)
 class JobTags:
     """A job's comment, checked. Bounds left out of the comment are None."""
@@ -128,6 +140,8 @@ class JobTags:
     """The length its user declared: epochs (None: not given)."""
     dataset: int | None = None
     """Samples per epoch its user declared (None: not given)."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types the job accepts (``types=a100+h100``; empty: any)."""
 
 
 def parse_tags(tags: Mapping[str, str]) -> JobTags:
@@ -158,6 +172,7 @@ def parse_tags(tags: Mapping[str, str]) -> JobTags:
         max_relaunches=tag_int(tags, "relaunches", 0, MAX_RELAUNCHES),
         epochs=tag_int(tags, "epochs", 1, MAX_DECLARED_EPOCHS),
         dataset=tag_int(tags, "dataset", 1, MAX_DECLARED_SAMPLES),
+        gpu_types=tag_types(tags, "types"),
     )
 
 

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.gputypes import TYPE_RE
 from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import (
     SACCT_FIELDS,
@@ -92,11 +93,12 @@ class SlurmBackend(Protocol):
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
+        gpu_type: str = "",
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
         GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
-        :func:`shape_args`)."""
+        :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -304,11 +306,12 @@ class SlurmCLI:
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
+        gpu_type: str = "",
     ) -> None:
         self.scontrol(
             "update",
             f"jobid={job_id}",
-            *shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node),
+            *shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type),
         )
 
     def start_now(self, job_id: int) -> None:
@@ -358,8 +361,12 @@ def shape_args(
     node_names: Sequence[str] = (),
     cpus_per_gpu: int = 0,
     per_node: Sequence[int] = (),
+    gpu_type: str = "",
 ) -> list[str]:
     """``scontrol update job`` fields for a pending job's next launch.
+
+    ``gpu_type``: the GPUs are of that type (``gres:gpu:a100:4``); '' any GPUs, which also
+    clears a type an earlier launch asked for.
 
     The same GPUs on every node: ``TresPerNode``, which Slurm holds to on each node.
     Different counts (``per_node`` on ``node_names``): one GPU count for the whole job
@@ -385,10 +392,13 @@ def shape_args(
     """
     counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
     uneven = len(set(counts)) > 1
+    if gpu_type and not TYPE_RE.fullmatch(gpu_type):
+        raise ValueError(f"not a GPU type: {gpu_type!r}")
+    gpu = f"gres:gpu:{gpu_type}:" if gpu_type else "gres:gpu:"
     if uneven:
-        gres = ["TresPerNode=", f"TresPerJob=gres:gpu:{sum(counts)}"]
+        gres = ["TresPerNode=", f"TresPerJob={gpu}{sum(counts)}"]
     else:
-        gres = ["TresPerJob=", f"TresPerNode=gres:gpu:{gpus_per_node}"]
+        gres = ["TresPerJob=", f"TresPerNode={gpu}{gpus_per_node}"]
     cpus = []
     if cpus_per_gpu > 0:
         least = cpus_per_gpu * min(counts)

@@ -268,6 +268,7 @@ class SlurmCluster:
             shape.node_names,
             cpus,
             shape.per_node if not shape.even else (),
+            shape.gpu_type,
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))

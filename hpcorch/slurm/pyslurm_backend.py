@@ -176,8 +176,11 @@ class PySlurmBackend:
         node_names: Sequence[str] = (),
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
+        gpu_type: str = "",
     ) -> None:
-        self.cli.set_shape(job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node)
+        self.cli.set_shape(
+            job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type
+        )
 
     def start_now(self, job_id: int) -> None:
         self._modify(job_id, begin_time=int(time.time()))
