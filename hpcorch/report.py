@@ -27,6 +27,8 @@ class Segment:
     """Seconds since the report's origin (the first job's submit)."""
     end: float
     gpus: int
+    gpu_type: str = ""
+    """The GPU type the launch trained on, as its reports say ('': untyped, or unknown)."""
 
 
 @dataclass
@@ -54,6 +56,9 @@ class JobReport:
     starting: list[Segment] = field(default_factory=list)
     """Launches decided but not yet training: queued in Slurm, or loading and joining."""
     marks: list[Mark] = field(default_factory=list)
+    gpu_types: list[str] = field(default_factory=list)
+    """The GPU types it ran on, in the order it first ran on each ("a100+v100": a launch
+    across two types)."""
 
 
 _JOB_KEYS = (
@@ -84,7 +89,12 @@ class Report:
         """The report ``to_json`` wrote (KeyError, TypeError or ValueError if not one)."""
 
         def segments(items: list[dict[str, Any]]) -> list[Segment]:
-            return [Segment(float(s["start"]), float(s["end"]), int(s["gpus"])) for s in items]
+            return [
+                Segment(
+                    float(s["start"]), float(s["end"]), int(s["gpus"]), str(s.get("gpu_type", ""))
+                )
+                for s in items
+            ]
 
         jobs = [
             JobReport(
@@ -95,6 +105,7 @@ class Report:
                     "marks": [
                         Mark(float(m["time"]), str(m["kind"]), str(m["label"])) for m in j["marks"]
                     ],
+                    "gpu_types": [str(t) for t in j.get("gpu_types", [])],
                 }
             )
             for j in doc["jobs"]
@@ -207,6 +218,7 @@ def build(
                 segments=segments,
                 starting=starting,
                 marks=sorted(marks, key=lambda m: m.time),
+                gpu_types=_types_run(sams, str(j.get("gpu_type") or "")),
             )
         )
     total = total_gpus or int(meta.get("total_gpus", 0) or 0) or _pool_gpus(meta)
@@ -214,6 +226,15 @@ def build(
     if not total:
         total = max((g for _, g in util), default=0)
     return Report(source, total, round(origin, 3), _r(end), out, util)
+
+
+def _types_run(sams: list[dict[str, Any]], last: str) -> list[str]:
+    """The GPU types a job ran on: its samples' (in order), and its last launch's."""
+    out: list[str] = []
+    for t in [*(str(s.get("gpu_type") or "") for s in sams), last]:
+        if t and t not in out:
+            out.append(t)
+    return out
 
 
 def _pool_gpus(meta: dict[str, str]) -> int:
@@ -263,7 +284,8 @@ def _segments(
         if start - t0 >= 0.5:
             starting.append(Segment(_r(t0), _r(min(start, end)), int(d["to_gpus"])))
         if end > start:
-            segments.append(Segment(_r(start), _r(end), int(d["to_gpus"])))
+            kind = str(first.get("gpu_type") or "") if first is not None else ""
+            segments.append(Segment(_r(start), _r(end), int(d["to_gpus"]), kind))
     return segments, starting
 
 
@@ -311,3 +333,14 @@ SUMMARY_HEADERS = [
     "BATCH_SIZES",
     "FINAL_LOSS",
 ]
+
+
+def summary_table(report: Report) -> tuple[list[str], list[list[str]]]:
+    """The headers and rows ``hpcorch report`` prints: with a GPU_TYPES column (the types
+    each job ran on, in order) when any job ran on a named GPU type."""
+    rows = summary_rows(report)
+    if not any(j.gpu_types for j in report.jobs):
+        return SUMMARY_HEADERS, rows
+    return [*SUMMARY_HEADERS, "GPU_TYPES"], [
+        [*row, ",".join(j.gpu_types) or "-"] for row, j in zip(rows, report.jobs, strict=True)
+    ]

@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hpcorch.gputypes import GpuTypeError, parse_tag, type_of_nodes
+from hpcorch.hostlist import expand
 from hpcorch.slurm.parse import SlurmJob, SlurmNode
 from hpcorch.slurm.script import parse_comment
 from hpcorch.status_format import (
@@ -63,6 +65,19 @@ class JobRow:
     partition: str = ""
     time_limit_s: int | None = None
     """Slurm's time limit of each launch (None: UNLIMITED)."""
+    gpu_type: str = ""
+    """The GPU type of the nodes it runs on ("a100+v100" across two; "" untyped or not
+    running)."""
+    gpu_types: tuple[str, ...] = ()
+    """The GPU types it accepts (``submit --gpu-types``; empty: any)."""
+
+    def type_text(self) -> str:
+        """The TYPE column: where it runs; for a job not running, what it accepts."""
+        if self.state != "PENDING" and self.gpu_type:
+            return self.gpu_type
+        if self.state == "PENDING":
+            return "|".join(self.gpu_types) or "any"
+        return "-"
 
     def batch_text(self) -> str:
         if not self.global_batch:
@@ -85,6 +100,8 @@ class Managed:
     restarts: int
     mode: str = "managed"
     lost_steps: int = 0
+    gpu_type: str = ""
+    """The GPU type of its running (or last) launch, as the controller saw its nodes."""
 
 
 @dataclass(frozen=True)
@@ -112,10 +129,12 @@ def job_rows(
     states: Sequence[str] = (),
     phases: Sequence[str] = (),
     names: Sequence[str] = (),
+    node_types: Mapping[str, str] | None = None,
 ) -> list[JobRow]:
     """hpcorch's jobs (marked by their comment), oldest first; filtered, as squeue's
     -u/-j/-t/-n do, by users, job ids, Slurm states (names or squeue's short codes),
-    controller phases and job names (each filter: any of its values)."""
+    controller phases and job names (each filter: any of its values). ``node_types``: the
+    GPU type of each node by name, for the type of a job no controller reports."""
     managed = managed or {}
     users = [user] if isinstance(user, str) else list(user or ())
     wanted_states = {COMPACT_STATES.get(s.upper(), s.upper()) for s in states}
@@ -158,9 +177,32 @@ def job_rows(
                 qos=job.qos,
                 partition=job.partition,
                 time_limit_s=job.time_limit_min * 60 if job.time_limit_min else None,
+                gpu_type=_type_of(job, m, node_types or {}),
+                gpu_types=_accepted(fields),
             )
         )
     return rows
+
+
+def _type_of(job: SlurmJob, m: Managed | None, node_types: Mapping[str, str]) -> str:
+    if job.state == "PENDING":
+        return ""
+    if m is not None and m.gpu_type:
+        return m.gpu_type
+    if not node_types or not job.nodes:
+        return ""
+    try:
+        return type_of_nodes(expand(job.nodes), node_types)
+    except ValueError:
+        return ""
+
+
+def _accepted(fields: Mapping[str, str]) -> tuple[str, ...]:
+    """The comment's ``types=`` (its owner can rewrite it: () when malformed)."""
+    try:
+        return parse_tag(fields.get("types"))
+    except GpuTypeError:
+        return ()
 
 
 def pool_rows(nodes: Sequence[SlurmNode], partition: str | None = None) -> list[PoolRow]:
@@ -195,6 +237,7 @@ JOB_FIELDS: dict[str, Field[JobRow]] = {
         _F("statecompact", "ST", lambda j: COMPACT_OF.get(j.state, j.state), "t"),
         _F("phase", "PHASE", lambda j: j.phase.upper() if j.phase else "-"),
         _F("gpus", "GPUS", _gpus, "b"),
+        _F("gputype", "TYPE", JobRow.type_text),
         _F("range", "MIN-MAX", lambda j: f"{j.min_gpus}-{j.max_gpus}"),
         _F("batch", "BATCH", JobRow.batch_text),
         _F("restarts", "RESTARTS", lambda j: str(j.restarts)),
@@ -267,6 +310,8 @@ def render_jobs(jobs: Sequence[JobRow], fmt: str | None = None, header: bool = T
     names (``jobid,name,phase``); default: hpcorch's columns."""
     if fmt is None:
         fmt = MANAGED_FIELDS if any(j.phase for j in jobs) else DEFAULT_FIELDS
+        if any(j.gpu_type or j.gpu_types for j in jobs):  # GPU types in play: a column
+            fmt = fmt.replace(",gpus,", ",gpus,gputype,")
     return render_rows(parse_format(fmt, JOB_FIELDS), jobs, header)
 
 

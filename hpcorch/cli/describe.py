@@ -113,7 +113,7 @@ def describe(job_id: int, state_dir: str | None, as_json: bool) -> None:
 
 JSON_VERSION = 1
 _SHARED: tuple[str, ...] = ("slurm_id", "name", "user", "phase", "gpus", "min_gpus")
-_SHARED += ("max_gpus", "launches", "resizes", "gpu_seconds")
+_SHARED += ("max_gpus", "launches", "resizes", "gpu_seconds", "gpu_type", "gpu_types")
 """The fields of another user's job describe shows (as the text does)."""
 
 
@@ -140,6 +140,17 @@ def slurm_document(job_id: int) -> dict[str, Any]:
     return {"version": JSON_VERSION, "full": False, "job": None, "slurm": slurm}
 
 
+def type_lines(rec: JobRecord) -> list[str]:
+    """The job's GPU types, where any are in play: what it runs on, what it accepts."""
+    if not (rec.gpu_type or rec.gpu_types or rec.target_type):
+        return []
+    accepts = ", ".join(rec.accepted_types()) or "any"
+    line = f"  GPU type {rec.gpu_type or '-'} (accepts {accepts}"
+    if rec.target_type and rec.phase in ("starting", "stopping"):
+        line += f"; next launch on {rec.target_type}"
+    return [line + ")"]
+
+
 def render(d: Detail, slurm: str) -> list[str]:
     rec = d.rec
     if not d.full:
@@ -148,6 +159,7 @@ def render(d: Detail, slurm: str) -> list[str]:
             *([f"  Slurm: {slurm}"] if slurm else []),
             f"  GPUs {rec.gpus} (range {rec.min_gpus}-{rec.max_gpus}), launches "
             f"{rec.launches}, resizes {rec.resizes}, GPU time {fmt_duration(int(rec.gpu_seconds))}",
+            *type_lines(rec),
             f"  its directory, plans, decisions and throughput are visible to {rec.user} and "
             "the admins only",
         ]
@@ -160,6 +172,7 @@ def render(d: Detail, slurm: str) -> list[str]:
         f"{rec.gpus or '?'}, launches {rec.launches}, resizes {rec.resizes}, "
         f"failures {rec.failures}, GPU time {fmt_duration(int(rec.gpu_seconds))}"
     )
+    out += type_lines(rec)
     out.append(f"  directory {rec.job_dir or '?'}")
     budget = fmt_duration(rec.time_budget_s) if rec.time_budget_s else "none"
     cap = rec.max_relaunches if rec.max_relaunches >= 0 else "no cap"

@@ -11,7 +11,7 @@ import click
 from hpcorch.cli import params
 from hpcorch.cli.poolview import access, ask
 from hpcorch.paths import STATE_DB, controller_dir
-from hpcorch.report import SUMMARY_HEADERS, Report, ReportError, from_store, summary_rows
+from hpcorch.report import Report, ReportError, from_store, summary_table
 
 COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2")
 
@@ -198,7 +198,7 @@ def report(
     if not rep.jobs:
         click.echo(f"no jobs in {rep.source}")
     else:
-        click.echo(text_table(SUMMARY_HEADERS, summary_rows(rep)))
+        click.echo(text_table(*summary_table(rep)))
         click.echo(
             f"pool utilisation {100 * rep.mean_utilisation():.0f}% of {rep.total_gpus} GPUs "
             f"over {rep.end:.0f} s"

@@ -171,6 +171,7 @@ def managed_of(records: list[JobRecord]) -> dict[int, Managed]:
             r.launches,
             r.mode + (" (detected)" if r.mode_detected else ""),
             r.lost_steps,
+            r.gpu_type,
         )
         for r in records
     }
@@ -218,6 +219,7 @@ def gather(
         states=filters.states,
         phases=filters.phases,
         names=filters.names,
+        node_types={n.name: n.gpu_type for n in nodes if n.gpu_type},
     )
     if pool_nodes:
         nodes = [n for n in nodes if n.name in pool_nodes]

@@ -42,7 +42,7 @@ KINDS = ("status", "describe", "report", "metrics")
 PUBLIC_FIELDS = (
     "slurm_id", "name", "user", "uid", "phase", "phase_since", "mode", "gpus", "min_gpus",
     "max_gpus", "nodes", "node_list", "launches", "resizes", "slurm_restarts", "submit_time",
-    "started_at", "finished_at", "gpu_seconds", "run_seconds",
+    "started_at", "finished_at", "gpu_seconds", "run_seconds", "gpu_type", "gpu_types",
 )  # fmt: skip
 """What anyone may see of a job: what squeue shows of it (its comment's GPU range and mode
 included) and the controller's phase; its GPU time makes the per-user usage."""
