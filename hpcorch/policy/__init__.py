@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from hpcorch.policy.aiturbo import AiturboPolicy
 from hpcorch.policy.fifo import FifoPolicy
+from hpcorch.policy.gavel import GavelPolicy
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.share import SharePolicy
 from hpcorch.policy.sidecar import SidecarPolicy
@@ -32,10 +33,11 @@ POLICIES: dict[str, Callable[[int], Policy]] = {
     "sidecar": lambda seed: SidecarPolicy(),
     "share": lambda seed: SharePolicy(),
     "share-batch": lambda seed: SharePolicy(name="share-batch", tune_batch=True),
+    "gavel": lambda seed: GavelPolicy(),
 }
 
 
-TYPE_AWARE = frozenset({"ones"})
+TYPE_AWARE = frozenset({"ones", "gavel"})
 """Policies that plan GPU types themselves; the others run one instance per type on a pool
 of several (:class:`hpcorch.policy.typewrap.PerType`)."""
 
