@@ -88,6 +88,7 @@ class OnesPolicy:
     _network: Network | None = None
     _probing: dict[str, float] = field(default_factory=dict)
     _typed_pop: list[dict[str, tuple[str, int]]] = field(default_factory=list)
+    _type_speeds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         if snapshot.gpu_types and not snapshot.mix_types:

@@ -44,6 +44,7 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
         gpu_cap=policy.max_job_gpus,
         first_gpus=policy.first_gpus,
         network=policy._network,
+        memory=policy._type_speeds,
     )
     policy._network = te.est[0].network
     jobs = snapshot.jobs
@@ -294,7 +295,8 @@ def _place(
         here = (k == t) & (g > 0)
         v = value[:, t, :w].copy()
         v[(~here & (g > 0)) | taken, 1:] = -np.inf
-        sub = place_schedule(view, e, v, np.where(here, np.minimum(g, w - 1), 0))
+        with np.errstate(invalid="ignore"):  # -inf - -inf where a job may not grow
+            sub = place_schedule(view, e, v, np.where(here, np.minimum(g, w - 1), 0))
         if policy.probe:
             sub = probe_batches(view.jobs, e, sub)
         name = te.types[t]

@@ -49,10 +49,20 @@ class TypedEstimates:
     """Relative speed of each type (geometric mean 1 over the types compared)."""
 
 
+MEMORY_APPS = 512
+"""Applications whose per-type compute times a policy remembers after they left."""
+
+
 def type_speeds(
-    jobs: Sequence[JobView], history: Sequence[CompletedJob], types: Sequence[str]
+    jobs: Sequence[JobView],
+    history: Sequence[CompletedJob],
+    types: Sequence[str],
+    memory: dict[str, dict[str, float]] | None = None,
 ) -> dict[str, float]:
-    """Relative speed of every type in ``types`` from the applications measured on several."""
+    """Relative speed of every type in ``types`` from the applications measured on several.
+    ``memory``: what earlier calls saw (application -> type -> log compute time), updated
+    in place: a policy that keeps it goes on knowing the types' speeds once the jobs that
+    showed them have finished (and when completed jobs are not shown to it)."""
     by_pair: dict[tuple[str, str], list[StepSample]] = defaultdict(list)
     for app, profile in _profiles(jobs, history):
         for s in profile:
@@ -70,7 +80,16 @@ def type_speeds(
             t: math.log(float(ThroughputModel(ss).compute(np.array([micro]))[0]))
             for t, ss in on.items()
         }
+    if memory is not None:
+        for app, row in y.items():
+            memory.pop(app, None)
+            memory[app] = row  # the newest last
+        while len(memory) > MEMORY_APPS:
+            memory.pop(next(iter(memory)))
+        y = dict(memory)
     lam = dict.fromkeys(types, 0.0)
+    y = {a: {t: v for t, v in row.items() if t in lam} for a, row in y.items()}
+    y = {a: row for a, row in y.items() if len(row) >= 2}
     seen = sorted({t for row in y.values() for t in row})
     for _ in range(20 if y else 0):
         c = {a: float(np.mean([v + lam[t] for t, v in row.items()])) for a, row in y.items()}
@@ -182,14 +201,19 @@ def type_estimates(
     gpu_cap: int = 64,
     first_gpus: int = 0,
     network: Network | None = None,
+    memory: dict[str, dict[str, float]] | None = None,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
-    cap of a never-measured application (0: one node of the type)."""
+    cap of a never-measured application (0: one node of the type). ``memory``: see
+    :func:`type_speeds`.
+
+    A job measured on no type at all is modelled as a typical job on every type (the
+    throughput model's prior), sped up by each type's relative speed."""
     types = snapshot.gpu_types
-    speed = type_speeds(snapshot.jobs, snapshot.history, types)
+    speed = type_speeds(snapshot.jobs, snapshot.history, types, memory)
     views = type_views(snapshot, speed)
     nodes = tuple(tuple(i for i, nt in enumerate(snapshot.node_types) if nt == t) for t in types)
-    est = []
+    est: list[Estimates] = []
     for view in views:
         e = estimate(
             view,
@@ -199,6 +223,12 @@ def type_estimates(
             network=network,
         )
         network = network or e.network
+        new = [
+            i
+            for i, j in enumerate(view.jobs)
+            if not any(s.gpu_type for s in snapshot.jobs[i].profile)
+        ]
+        e.time[new] /= speed[types[len(est)]]
         est.append(e)
     accepts = np.array(
         [[not j.gpu_types or t in j.gpu_types for t in types] for j in snapshot.jobs],

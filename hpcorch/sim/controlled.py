@@ -91,6 +91,7 @@ def simulate_controlled(
     jump: bool = True,
     log: Callable[[str], None] = _quiet,
     keep_state: Path | None = None,
+    mix_types: bool = False,
 ) -> SimResult:
     """Run the controller with ``policy`` over a simulated pool until every job finished.
 
@@ -100,7 +101,8 @@ def simulate_controlled(
     parts' sum, ``cost.total``), as the controller's ``--restart-cost``. ``on_round`` is
     called after every cycle.
     ``keep_state``: copy the controller's store there at the end (for ``hpcorch report``;
-    its times are simulated seconds).
+    its times are simulated seconds). ``mix_types``: the controller lets a launch span
+    GPU types (``controller --mix-gpu-types``).
     """
     cfg = config or SimConfig()
     cost = cost or ResizeCost()
@@ -123,6 +125,7 @@ def simulate_controlled(
         round_s=cfg.round_s,
         restart_cost_s=cost.total if restart_cost_s is None else restart_cost_s,
         max_starts_per_cycle=max(64, len(workload)),
+        mix_types=mix_types,
         settings=rules,
     )
     policy = in_regime(policy, cfg.regime)
