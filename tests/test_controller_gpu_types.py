@@ -24,7 +24,7 @@ from hpcorch.controller.shapes import target_shape
 from hpcorch.controller.snapshot import build_snapshot, planned_type, profile_of
 from hpcorch.controller.store import SCHEMA_VERSION, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, parse_tags
-from hpcorch.errors import SubmitError
+from hpcorch.errors import SlurmCommandError, SubmitError
 from hpcorch.gputypes import GpuTypeError, parse_gpu_types, parse_tag, type_of_nodes
 from hpcorch.policy.types import JobPlan
 from hpcorch.report import build, summary_table
@@ -407,3 +407,32 @@ def test_controller_has_the_mix_option() -> None:
     res = CliRunner().invoke(main, ["controller", "--help"])
     assert "--mix-gpu-types" in res.output
     assert CFG.mix_types is False
+
+
+def test_a_request_that_changes_between_typed_and_untyped_is_cleared_first() -> None:
+    """slurmctld refuses an update from gres:gpu:2 to gres:gpu:a100:2 in one go (22.05 to
+    25.11: "with and without type identification"); cleared first, it takes it."""
+    from tests.test_slurm_backends import RecordingCLI
+
+    class Refusing(RecordingCLI):
+        def run(self, argv: Any, stdin: str | None = None) -> str:
+            if "TresPerNode=gres:gpu:a100:2" in argv and len(self.argv) == 0:
+                self.argv.append(list(argv))
+                raise SlurmCommandError(
+                    "scontrol failed: Invalid GRES specification (with and without type "
+                    "identification) for job 12"
+                )
+            return super().run(argv, stdin)
+
+    cli = Refusing()
+    cli.set_shape(12, 1, 2, ["n3"], gpu_type="a100")
+    assert [a[3:] for a in cli.argv] == [
+        ["NumNodes=1-1", "TresPerJob=", "TresPerNode=gres:gpu:a100:2", "ReqNodeList=n3"],
+        ["TresPerNode=", "TresPerJob="],
+        ["NumNodes=1-1", "TresPerJob=", "TresPerNode=gres:gpu:a100:2", "ReqNodeList=n3"],
+    ]
+    other = RecordingCLI()
+    other.fail["update"] = "Invalid job id specified"
+    with pytest.raises(SlurmCommandError):
+        other.set_shape(12, 1, 2, gpu_type="a100")
+    assert len(other.argv) == 1

@@ -308,11 +308,17 @@ class SlurmCLI:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
     ) -> None:
-        self.scontrol(
-            "update",
-            f"jobid={job_id}",
-            *shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type),
-        )
+        fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
+        try:
+            self.scontrol("update", f"jobid={job_id}", *fields)
+        except SlurmCommandError as exc:
+            if MIXED_GRES not in str(exc):
+                raise
+            # Slurm checks a job's old GPU request with the new one: typed after untyped
+            # (or back) in one update is "Invalid GRES specification (with and without
+            # type identification)" (22.05 to 25.11). Cleared first, the new one is taken.
+            self.scontrol("update", f"jobid={job_id}", "TresPerNode=", "TresPerJob=")
+            self.scontrol("update", f"jobid={job_id}", *fields)
 
     def start_now(self, job_id: int) -> None:
         self.scontrol("update", f"jobid={job_id}", "StartTime=now")
@@ -353,6 +359,10 @@ class SlurmCLI:
     def scontrol(self, *args: str) -> str:
         """Any scontrol command (arguments as a list, never through a shell)."""
         return self.run(["scontrol", *args])
+
+
+MIXED_GRES = "with and without type identification"
+"""What slurmctld says of a GPU request updated from untyped to typed (or back) at once."""
 
 
 def shape_args(
