@@ -60,6 +60,7 @@ def estimate(
     gpu_cap: int = 64,
     first_gpus: int = 1,
     network: Network | None = None,
+    keys: tuple[dict[str, str], dict[str, str]] | None = None,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
@@ -67,12 +68,14 @@ def estimate(
     measured on, and at least ``first_gpus`` (the cap of a never-measured application).
     ``network``: the seconds per gradient byte to model with (a previous round's
     ``Estimates.network``); None: learned from this round's measurements first.
+    ``keys``: the pooling keys of the jobs and the completed jobs, where the caller has
+    them (:func:`hpcorch.policy.pooling.model_keys`).
     """
     jobs = snapshot.jobs
     n = len(jobs)
     total = snapshot.total_gpus
     per_node = max(snapshot.node_gpus) if snapshot.node_gpus else 1
-    key, hist_key = model_keys(jobs, snapshot.history, snapshot.pool_across_owners)
+    key, hist_key = keys or model_keys(jobs, snapshot.history, snapshot.pool_across_owners)
     samples = pooled_profiles(jobs, snapshot.history, key, hist_key)
     sizes: dict[str, list[int]] = {}
     stats: dict[str, list[tuple[float, float]]] = {}

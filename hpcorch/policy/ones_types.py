@@ -211,7 +211,8 @@ class _TypedOps:
     def repair(self, g: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Take GPUs from the jobs that lose least until every type's GPUs suffice."""
         g = self.snap(g, k)
-        for t in range(self.kinds):
+        used = np.bincount(k, weights=g, minlength=self.kinds)
+        for t in np.flatnonzero(used > self.cap):
             on = k == t
             excess = int(g[on].sum()) - int(self.cap[t])
             v = self.value[:, t, :]

@@ -27,6 +27,7 @@ import numpy as np
 
 from hpcorch.model.throughput import Network, ThroughputModel
 from hpcorch.policy.estimate import Estimates, estimate
+from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
 
@@ -213,6 +214,10 @@ def type_estimates(
     speed = type_speeds(snapshot.jobs, snapshot.history, types, memory)
     views = type_views(snapshot, speed)
     nodes = tuple(tuple(i for i, nt in enumerate(snapshot.node_types) if nt == t) for t in types)
+    # one set of pooling keys for every type: a job's group does not depend on the type
+    # it is seen on (checked on the type with the most measurements)
+    most = max(views, key=lambda v: sum(len(j.profile) for j in v.jobs))
+    keys = model_keys(most.jobs, most.history, snapshot.pool_across_owners)
     est: list[Estimates] = []
     for view in views:
         e = estimate(
@@ -221,6 +226,7 @@ def type_estimates(
             gpu_cap=gpu_cap,
             first_gpus=first_gpus or max(view.node_gpus, default=1),
             network=network,
+            keys=keys,
         )
         network = network or e.network
         new = [
