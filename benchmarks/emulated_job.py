@@ -9,6 +9,11 @@ the application's last epoch is done. Everything around the steps is the real ru
 plan, the checkpoint on the signal and the exact resume (progress and epoch are in the
 checkpoint), live batch changes, metrics, on gloo ranks.
 
+On nodes of a GPU type (``Gres=gpu:a100:4``, ``slurm/pool up --gpu-types``) it runs at
+the application's speed factor for that type (``hpcorch/sim/data/gpu-types``: compute
+scaled, all-reduce as measured), at the slowest type's where its nodes mix types, as the
+simulator's pool of several types does.
+
 ``--time-scale F`` gives each epoch F times the measured work (as ``hpcorch simulate
 --time-scale F``): steps keep their measured time, so the job takes about F times as long.
 
@@ -24,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import socket
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from hpcorch.runtime.gns import NoiseScale
+from hpcorch.sim.gputypes import load_speeds
 from hpcorch.sim.traces import AppTrace, TraceError, load_apps
 
 
@@ -57,16 +65,39 @@ class TraceNoise(NoiseScale):
         return var / sqr * self.app.init_batch if sqr > 0 else None
 
 
-def placement(job: hr.ElasticJob) -> tuple[int, ...]:
-    """GPUs (ranks) on each node of this launch, in the order of the first rank on it."""
+def node_gpu_type(node: str) -> str:
+    """The GPU type Slurm gives ``node`` (``Gres=gpu:a100:4``), "" when untyped or unknown."""
+    try:
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    m = re.search(r"\bGres=gpu:([A-Za-z0-9_.-]+):\d", out)
+    return m[1] if m else ""
+
+
+def placement(job: hr.ElasticJob) -> tuple[tuple[int, ...], set[str]]:
+    """GPUs (ranks) on each node of this launch, in the order of the first rank on it, and
+    the GPU types of its nodes."""
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    mine = (node, node_gpu_type(node))
     names: list[Any] = [None] * job.world_size
     if job.world_size > 1:
-        dist.all_gather_object(names, node)
+        dist.all_gather_object(names, mine)
     else:
-        names = [node]
-    counts = Counter(names)
-    return tuple(counts[n] for n in dict.fromkeys(names))
+        names = [mine]
+    counts = Counter(n for n, _ in names)
+    return tuple(counts[n] for n in dict.fromkeys(n for n, _ in names)), {t for _, t in names}
+
+
+def on_types(app: AppTrace, types: set[str]) -> AppTrace:
+    """``app`` on nodes of ``types``: at the slowest one's speed factor (the bundled table,
+    relative to the T4 its traces were measured on); as measured where a type is unknown."""
+    speeds = load_speeds()
+    if not types or any(t not in speeds for t in types):
+        return app
+    return app.on_gpu(min(speeds[t][app.name] for t in types))
 
 
 def main() -> None:
@@ -94,7 +125,8 @@ def main() -> None:
     model = job.wrap(torch.nn.Linear(1, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     job.track(model, opt)
-    counts = placement(job)
+    counts, types = placement(job)
+    app = on_types(app, types)
     samples = max(1, round(app.progress_per_epoch_hint * app.init_batch))
     # the runtime's data epochs run ahead of the statistical ones (a step's gain is at most
     # its batch over the initial one): enough of them that the loop never ends first

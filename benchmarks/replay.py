@@ -228,6 +228,7 @@ def simulate(workload: Path, args: argparse.Namespace) -> dict[str, Any]:
         "--round", f"{args.round:g}", "--time-scale", f"{args.time_scale:g}", "--json",
         "--startup-s", f"{args.startup_s:g}", "--startup-per-gpu-s", f"{args.startup_per_gpu_s:g}",
         "--finish-s", f"{args.finish_s:g}", "--policy-restart-cost", f"{args.restart_cost:g}",
+        *(["--gpu-types", args.gpu_types] if args.gpu_types else []),
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=True)
     return dict(json.loads(out.stdout)["results"][0])
@@ -247,6 +248,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     up = [str(POOL), "up", "--nodes", str(NODES), "--gpus-per-node", str(GPUS)]
     up += ["--cpus-per-node", str(CPUS), "--port-base", str(args.port_base), "--slurm", args.slurm]
+    up += ["--gpu-types", args.gpu_types] if args.gpu_types else []
     subprocess.run(up, env=env, check=True, capture_output=True)
     env = pool_env(pool_dir)
     version = subprocess.run(["sinfo", "-V"], env=env, capture_output=True, text=True).stdout
@@ -337,6 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "time_scale": args.time_scale,
         "slurm_version": version.split()[-1] if version else args.slurm,
         "policy": args.policy,
+        "gpu_types": args.gpu_types,
         "round_s": args.round,
         "startup_s": args.startup_s,
         "startup_per_gpu_s": args.startup_per_gpu_s,
@@ -437,6 +440,13 @@ def main() -> None:
         default=0.0,
         help="a job's last step -> its end in Slurm on this pool (costs.finish.mean)",
     )
+    p.add_argument(
+        "--gpu-types",
+        default="",
+        metavar="TYPE:NODES,...",
+        help="nodes of several GPU types, e.g. a100:2,v100:2 (the emulated jobs run at each "
+        "type's speed factor; the simulator is given the same pool)",
+    )
     p.add_argument("--slurm", default="22.05")
     p.add_argument("--pool-dir", default=str(REPO / ".run" / "replay-pool"))
     p.add_argument("--port-base", type=int, default=18900)
@@ -465,6 +475,7 @@ def main() -> None:
         doc = json.loads(Path(args.resimulate).read_text())
         for key in ("workload", "time_scale", "policy"):
             setattr(args, key, doc[key])
+        args.gpu_types = doc.get("gpu_types", "")
         args.round = doc.get("round_s", args.round)
         args.restart_cost = doc.get("restart_cost_s", args.restart_cost)  # as the real run's
         args.startup_s = given or doc.get("startup_s", args.startup_s)

@@ -12,11 +12,13 @@ from typing import Any
 import click
 
 from hpcorch.cli import params
+from hpcorch.gputypes import TYPE_RE
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import costs, loop
 from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
+from hpcorch.sim.gputypes import load_speeds
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.regime import REGIMES, Regime
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
@@ -57,6 +59,38 @@ def _cpu_demand(values: tuple[str, ...], apps: Collection[str]) -> tuple[tuple[s
             )
         out[app] = seconds
     return tuple(sorted(out.items()))
+
+
+def _gpu_types(value: str, nodes: int, engine: str) -> tuple[tuple[str, int], ...]:
+    """``a100:4,t4:12`` as ((type, nodes), ...), checked against the speed table."""
+    if not value:
+        return ()
+    hint = "--gpu-types"
+    if engine != "controller":
+        raise click.UsageError("--gpu-types needs --engine controller")
+    out: list[tuple[str, int]] = []
+    for part in value.split(","):
+        name, _, count = part.partition(":")
+        if not TYPE_RE.fullmatch(name) or not count.isdigit() or int(count) < 1:
+            raise click.BadParameter(f"{part!r} is not TYPE:NODES", param_hint=hint)
+        if name in dict(out):
+            raise click.BadParameter(f"GPU type {name} is given twice", param_hint=hint)
+        out.append((name, int(count)))
+    try:
+        known = load_speeds()
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    for name, _ in out:
+        if name not in known:
+            valid = ", ".join(sorted(known))
+            raise click.BadParameter(
+                f"no speed factors for {name} (valid: {valid})", param_hint=hint
+            )
+    if sum(n for _, n in out) != nodes:
+        raise click.BadParameter(
+            f"{sum(n for _, n in out)} nodes given, --nodes is {nodes}", param_hint=hint
+        )
+    return tuple(out)
 
 
 def _workload_path(value: Path, data: Path) -> Path:
@@ -279,6 +313,15 @@ def _progress(total: int) -> Any:
     "start-up and resize costs are not scaled): a replay's time scale. Scale the "
     "workload's arrival times with it.",
 )
+@click.option(
+    "--gpu-types",
+    "gpu_types",
+    default="",
+    metavar="TYPE:NODES,...",
+    help="A pool of several GPU types (engine controller), e.g. a100:4,v100:4,t4:8: the "
+    "nodes of each type in node order, adding up to --nodes. Each application runs on a "
+    "type at its speed factor (hpcorch/sim/data/gpu-types).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
@@ -323,6 +366,7 @@ def simulate(
     regime: str,
     declared_epochs: float,
     time_scale: float,
+    gpu_types: str,
     as_json: bool,
     plot: Path | None,
     keep_state: Path | None,
@@ -364,6 +408,7 @@ def simulate(
             keep_state.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise click.ClickException(f"cannot create {keep_state}: {exc.strerror}") from None
+    typed = _gpu_types(gpu_types, nodes, engine)
     config = SimConfig(
         nodes,
         gpus_per_node,
@@ -373,6 +418,7 @@ def simulate(
         cpu_demand=demand,
         cpus_per_gpu=cpus_per_gpu,
         regime=Regime(regime, declared_epochs),
+        gpu_types=typed,
     )
     total = sum(len(jobs) for _, jobs in loaded) * len(names)
     results: list[tuple[str, SimResult]] = []
