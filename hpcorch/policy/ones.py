@@ -91,7 +91,7 @@ class OnesPolicy:
     _type_speeds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        if snapshot.gpu_types and not snapshot.mix_types:
+        if snapshot.gpu_types:
             return schedule_types(self, snapshot)  # type, GPUs and batch per job
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
