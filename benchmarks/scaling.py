@@ -1,6 +1,11 @@
 """Decision time per round: 64 GPUs vs a synthetic 4096-GPU pool with 2000 active jobs.
 
     python benchmarks/scaling.py [--rounds 5] [--jobs 2000] [--nodes 1024] [--data DIR]
+                                 [--gpu-types]
+
+``--gpu-types``: the same pools made of three GPU types (a quarter A100 and V100 nodes,
+half T4), each job's measurements on the type it ran on (a running job's, else one drawn
+at random), and the policies that plan types (``ones``, ``gavel``) timed on them.
 
 Builds snapshots the way the controller would see them (jobs of the six measured
 applications part-way through training, about half of them running, each reporting the
@@ -15,6 +20,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -23,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
 
-from hpcorch.policy import POLICIES, make_policy
+from hpcorch.policy import POLICIES, TYPE_AWARE, make_policy
 from hpcorch.policy.types import (
     CompletedJob,
     JobView,
@@ -122,6 +128,29 @@ def synthetic(
     )
 
 
+TYPES = ("a100", "v100", "t4")
+
+
+def with_types(snap: Snapshot, seed: int) -> Snapshot:
+    """``snap`` on a pool of three GPU types (see the module's docstring)."""
+    rng = np.random.default_rng(seed)
+    n = len(snap.node_gpus)
+    kinds = tuple(["a100"] * (n // 4) + ["v100"] * (n // 4) + ["t4"] * (n - n // 2))
+
+    def measured(profile: tuple[StepSample, ...], kind: str) -> tuple[StepSample, ...]:
+        return tuple(replace(s, gpu_type=kind or str(rng.choice(TYPES))) for s in profile)
+
+    jobs = []
+    for j in snap.jobs:
+        kind = kinds[next(iter(j.placement))] if j.placement else ""
+        if j.placement and len({kinds[k] for k in j.placement}) > 1:
+            j = replace(j, gpus=0, placement={}, batch=0, micro_batch=0)  # no mixed launches
+            kind = ""
+        jobs.append(replace(j, profile=measured(j.profile, kind), gpu_type=kind))
+    history = tuple(replace(h, profile=measured(h.profile, "")) for h in snap.history)
+    return replace(snap, jobs=tuple(jobs), history=history, node_types=kinds)
+
+
 def time_policy(name: str, snaps: list[Snapshot]) -> tuple[float, float, float]:
     """(mean CPU ms, max CPU ms, mean wall ms) of ``schedule`` over the snapshots."""
     policy = make_policy(name, 0)
@@ -141,6 +170,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2000)
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--data", type=Path, default=None)
+    ap.add_argument("--gpu-types", action="store_true", help="pools of three GPU types")
     args = ap.parse_args()
     apps = load_apps(args.data or default_data_dir())
     cases = [
@@ -150,7 +180,12 @@ def main() -> None:
     rows = []
     for label, nodes, n_jobs in cases:
         snaps = [synthetic(apps, n_jobs, nodes, 4, seed) for seed in range(args.rounds)]
-        for name in POLICIES:
+        names: list[str] = list(POLICIES)
+        if args.gpu_types:
+            snaps = [with_types(s, seed) for seed, s in enumerate(snaps)]
+            label += ", 3 GPU types"
+            names = sorted(TYPE_AWARE)
+        for name in names:
             mean, worst, wall = time_policy(name, snaps)
             rows.append([label, name, mean, worst, wall])
             print(f"{label} {name}: {mean:.1f} ms", file=sys.stderr, flush=True)

@@ -72,9 +72,12 @@ def plot(report: Report, out: Path) -> None:
         for s in job.segments:
             h = max(0.8 * s.gpus / max(most, 1), 0.06)
             ax.barh(y, s.end - s.start, left=s.start, height=h, color=colour, alpha=0.85)
+            text = f"{s.gpus} {s.gpu_type}" if s.gpu_type else f"{s.gpus}"
+            if s.end - s.start <= char_w * (len(text) + 1):
+                text = f"{s.gpus}"  # too short a bar to name the type: the label has it
             if s.end - s.start > 0.04 * span:
                 ax.text(
-                    (s.start + s.end) / 2, y, f"{s.gpus}", ha="center", va="center",
+                    (s.start + s.end) / 2, y, text, ha="center", va="center",
                     fontsize=8, color="white", fontweight="bold",
                 )  # fmt: skip
         ax.plot([job.submit], [y], marker="|", color="black", markersize=14)
@@ -96,7 +99,9 @@ def plot(report: Report, out: Path) -> None:
             )  # fmt: skip
     ax.set_yticks(range(len(jobs)))
     labels = [
-        f"{j.name} ({j.job_id})\nJCT {j.jct_s:.0f} s" if j.jct_s is not None else j.name
+        f"{j.name} ({j.job_id})\nJCT {j.jct_s:.0f} s{_on(j.gpu_types)}"
+        if j.jct_s is not None
+        else j.name
         for j in reversed(jobs)
     ]
     ax.set_yticklabels(labels, fontsize=8)
@@ -205,3 +210,8 @@ def report(
         )
     if out is not None:
         click.echo(f"picture: {out}")
+
+
+def _on(types: list[str]) -> str:
+    """ ", on a100/v100": the GPU types a job ran on, for its label ("" when untyped)."""
+    return f", on {'/'.join(types)}" if types else ""
