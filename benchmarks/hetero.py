@@ -53,9 +53,7 @@ from hpcorch.sim.workload import load_workload
 
 POOL = (("a100", 4), ("v100", 4), ("t4", 8))
 """(type, nodes of 4 GPUs): 16 A100, 16 V100 and 32 T4 GPUs."""
-POLICIES = ("ones", "ones-mix", "ones-blind", "per-type", "gavel")
-MIXING = frozenset({"ones-mix", "ones-blind"})
-"""Run on a pool that lets a launch span types (``controller --mix-gpu-types``)."""
+POLICIES = ("ones", "ones-blind", "per-type", "gavel")
 TARGETS = {"ones-blind": 0.75, "per-type": 0.75, "gavel": 0.90}
 """Type-aware ONES's mean average JCT at most this fraction of each baseline's (cold)."""
 
@@ -63,8 +61,8 @@ Task = tuple[str, str, str, str, str]
 
 
 def make(policy: str, seed: int = 0) -> Policy:
-    if policy in ("ones", "ones-mix"):
-        return OnesPolicy(seed=seed, name=policy)
+    if policy == "ones":
+        return OnesPolicy(seed=seed)
     if policy == "ones-blind":
         return TypeBlind(OnesPolicy(seed=seed), name="ones-blind")
     if policy == "per-type":
@@ -80,7 +78,7 @@ def run_one(task: Task) -> dict[str, object]:
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
     cfg = SimConfig(regime=Regime(regime), gpu_types=POOL)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate_controlled(jobs, make(policy), apps, cfg, mix_types=policy in MIXING)
+    res = simulate_controlled(jobs, make(policy), apps, cfg, mix_types=policy == "ones-blind")
     return {
         "load": load,
         "workload": workload,

@@ -91,8 +91,8 @@ class OnesPolicy:
     _type_speeds: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        if snapshot.gpu_types:
-            return schedule_types(self, snapshot)  # type, GPUs and batch per job
+        if snapshot.gpu_types:  # type, GPUs and batch per job; one type per launch, also
+            return schedule_types(self, snapshot)  # where the site would let it mix them
         if self._rng is None:
             self._rng = np.random.default_rng(self.seed)
         rng = self._rng

@@ -26,8 +26,8 @@ from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import one_gpu_time
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
-from hpcorch.policy.typed import MIX, TypedEstimates, type_estimates
-from hpcorch.policy.types import JobPlan, JobView, Plan, Snapshot
+from hpcorch.policy.typed import TypedEstimates, type_estimates
+from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
 if TYPE_CHECKING:
     from hpcorch.policy.ones import OnesPolicy
@@ -48,19 +48,16 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
     )
     policy._network = te.est[0].network
     jobs = snapshot.jobs
-    n = len(jobs)
+    n, kinds = len(jobs), len(te.types)
     if n == 0:
         return Plan()
     value, gmax, gmin = _values(policy, snapshot, te)
     cap = np.array([sum(v.node_gpus) for v in te.views], dtype=np.int64)
-    cur_k = _current_types(te, jobs)
+    cur_k = np.array([te.types.index(j.gpu_type) if j.gpu_type in te.types else -1 for j in jobs])
     cur_g = np.where(cur_k >= 0, [j.gpus for j in jobs], 0).astype(np.int64)
     speed = np.array([te.speed[t] for t in te.types])
-    mixed = MIX in te.types
     fastest = np.argsort(-speed, kind="stable")
-    if mixed:  # launches across types take what the types leave: filled last
-        fastest = np.array([*(t for t in fastest if te.types[t] != MIX), len(te.types) - 1])
-    ops = _TypedOps(value, gmax, gmin, cap, rng, mixed)
+    ops = _TypedOps(value, gmax, gmin, cap, rng)
     g0, k0 = ops.repair(
         np.minimum(cur_g, gmax[np.arange(n), np.maximum(cur_k, 0)]), np.maximum(cur_k, 0)
     )
@@ -79,7 +76,7 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
     pop_k = np.array([s[1] for s in seeds[: policy.population]])
     while len(pop_g) < policy.population:
         i = int(rng.integers(len(pop_g)))
-        g, k = ops.fill(*ops.repair(*ops.mutate(pop_g[i], pop_k[i])), ops.order())
+        g, k = ops.fill(*ops.repair(*ops.mutate(pop_g[i], pop_k[i])), rng.permutation(kinds))
         pop_g, pop_k = np.vstack([pop_g, g]), np.vstack([pop_k, k])
     fit = ops.fitness(pop_g, pop_k)
     gens = min(policy.generations, max(2, 10000 // max(n, 1)))
@@ -93,7 +90,7 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
             g, k = np.where(mask, pop_g[a], pop_g[b]), np.where(mask, pop_k[a], pop_k[b])
             if rng.random() < 0.8:
                 g, k = ops.mutate(g, k)
-            g, k = ops.fill(*ops.repair(g, k), ops.order())
+            g, k = ops.fill(*ops.repair(g, k), rng.permutation(kinds))
             new_g.append(g)
             new_k.append(k)
         pop_g, pop_k = np.array(new_g), np.array(new_k)
@@ -107,15 +104,6 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
     return _place(policy, snapshot, te, value, (pop_g[0], pop_k[0]), fastest)
 
 
-def _current_types(te: TypedEstimates, jobs: tuple[JobView, ...]) -> np.ndarray:
-    """Each job's current type index (-1: queued, or on a type not planned)."""
-    out = []
-    for j in jobs:
-        kind = MIX if "+" in j.gpu_type and MIX in te.types else j.gpu_type
-        out.append(te.types.index(kind) if kind in te.types else -1)
-    return np.array(out, dtype=np.int64)
-
-
 def _values(
     policy: OnesPolicy, snapshot: Snapshot, te: TypedEstimates
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -123,7 +111,7 @@ def _values(
     jobs = snapshot.jobs
     n, kinds = len(jobs), len(te.types)
     width = max(e.time.shape[1] for e in te.est)
-    cur_k = _current_types(te, jobs)
+    cur_k = np.array([te.types.index(j.gpu_type) if j.gpu_type in te.types else -1 for j in jobs])
     running = np.array([j.running for j in jobs], dtype=bool) & (cur_k >= 0)
     ending = np.zeros(n, dtype=bool)
     for k, e in enumerate(te.est):
@@ -177,22 +165,13 @@ class _TypedOps:
         gmin: np.ndarray,
         cap: np.ndarray,
         rng: np.random.Generator,
-        mixed: bool = False,
     ) -> None:
         self.value, self.gmax, self.gmin, self.cap, self.rng = value, gmax, gmin, cap, rng
-        self.mixed = mixed
-        """The last type is :data:`MIX`: its jobs take what the other types leave."""
         n, self.kinds, self.width = value.shape
         self.rows = np.arange(n)
         self.alts = [np.flatnonzero(gmax[j] > 0) for j in range(n)]
         # each job's best GPU count on each type (its value's maximum)
         self.best = np.argmax(np.where(np.isnan(value), -np.inf, value), axis=2)
-
-    def order(self) -> np.ndarray:
-        """A random order of the types to fill (:data:`MIX` last)."""
-        if not self.mixed:
-            return self.rng.permutation(self.kinds)
-        return np.append(self.rng.permutation(self.kinds - 1), self.kinds - 1)
 
     def fitness(self, pop_g: np.ndarray, pop_k: np.ndarray) -> np.ndarray:
         return np.asarray(self.value[self.rows[None, :], pop_k, pop_g].sum(axis=1))
@@ -235,30 +214,22 @@ class _TypedOps:
         """Take GPUs from the jobs that lose least until every type's GPUs suffice."""
         g = self.snap(g, k)
         used = np.bincount(k, weights=g, minlength=self.kinds)
-        last = self.kinds - 1
         for t in np.flatnonzero(used > self.cap):
-            if not (self.mixed and t == last):
-                self._trim(g, k == t, int(t), int(used[t]) - int(self.cap[t]))
-        if self.mixed and g.sum() > self.cap[last]:  # across types: what the others leave
-            self._trim(g, k == last, last, int(g.sum()) - int(self.cap[last]))
+            on = k == t
+            excess = int(g[on].sum()) - int(self.cap[t])
+            v = self.value[:, t, :]
+            while excess > 0:
+                cand = np.flatnonzero(on & (g > 0))
+                prev = np.where(g[cand] - 1 < self.gmin[cand, t], 0, g[cand] - 1)
+                with np.errstate(invalid="ignore"):
+                    loss = v[cand, g[cand]] - v[cand, prev]
+                loss = np.where(np.isnan(loss), -np.inf, loss)
+                take = cand[np.argsort(loss, kind="stable")[: min(max(1, excess // 8), len(cand))]]
+                for i in take:
+                    drop = int(g[i]) if g[i] - 1 < self.gmin[i, t] else 1
+                    g[i] -= drop
+                    excess -= drop
         return g, k
-
-    def _trim(self, g: np.ndarray, on: np.ndarray, t: int, excess: int) -> None:
-        """Take ``excess`` GPUs (in place) from the jobs ``on`` type ``t`` losing least."""
-        v = self.value[:, t, :]
-        while excess > 0:
-            cand = np.flatnonzero(on & (g > 0))
-            if not len(cand):
-                return
-            prev = np.where(g[cand] - 1 < self.gmin[cand, t], 0, g[cand] - 1)
-            with np.errstate(invalid="ignore"):
-                loss = v[cand, g[cand]] - v[cand, prev]
-            loss = np.where(np.isnan(loss), -np.inf, loss)
-            take = cand[np.argsort(loss, kind="stable")[: min(max(1, excess // 8), len(cand))]]
-            for i in take:
-                drop = int(g[i]) if g[i] - 1 < self.gmin[i, t] else 1
-                g[i] -= drop
-                excess -= drop
 
     def fill(
         self, g: np.ndarray, k: np.ndarray, order: np.ndarray
@@ -269,8 +240,7 @@ class _TypedOps:
         width = self.width
         steps = np.arange(1, width)
         for t in order:
-            mix = self.mixed and t == self.kinds - 1
-            free = int(self.cap[t]) - int(g.sum() if mix else g[k == t].sum())
+            free = int(self.cap[t]) - int(g[k == t].sum())
             if free <= 0:
                 continue
             cand = (g == 0) | (k == t)
@@ -309,16 +279,6 @@ class _TypedOps:
         return g, k
 
 
-def _held(view: Snapshot, k: np.ndarray, g: np.ndarray, mix: int) -> np.ndarray:
-    """GPUs per node of the jobs across types that keep theirs."""
-    out = np.zeros(len(view.node_gpus), dtype=np.int64)
-    for i, j in enumerate(view.jobs):
-        if k[i] == mix and g[i] == j.gpus > 0:
-            for node, c in j.placement.items():
-                out[node] += c
-    return out
-
-
 def _place(
     policy: OnesPolicy,
     snapshot: Snapshot,
@@ -332,18 +292,8 @@ def _place(
     g, k = best
     plans: list[JobPlan] = []
     taken = np.zeros(len(g), dtype=bool)
-    mix = te.types.index(MIX) if MIX in te.types else -1
-    # a job across types that keeps its GPUs keeps its nodes' GPUs
-    held = _held(te.views[mix], k, g, mix) if mix >= 0 else 0
-    used = np.zeros(len(snapshot.node_gpus), dtype=np.int64) + held
     for t in order:
         view, e, nodes = te.views[t], te.est[t], te.nodes[t]
-        if t != mix:
-            view = replace(view, node_gpus=tuple(max(0, view.node_gpus[a] - int(used[n]))
-                                                 for a, n in enumerate(nodes)))  # fmt: skip
-        else:  # what the types left (its kept jobs' GPUs are in it: place_schedule keeps them)
-            view = replace(view, node_gpus=tuple(int(x) for x in np.maximum(
-                np.array(snapshot.node_gpus) - used + held, 0)))  # fmt: skip
         w = e.time.shape[1]
         here = (k == t) & (g > 0)
         v = value[:, t, :w].copy()
@@ -352,13 +302,10 @@ def _place(
             sub = place_schedule(view, e, v, np.where(here, np.minimum(g, w - 1), 0))
         if policy.probe:
             sub = probe_batches(view.jobs, e, sub)
-        name = te.types[t] if t != mix else ""
+        name = te.types[t]
         index = {j.job_id: i for i, j in enumerate(view.jobs)}
         for p in sub.jobs:
             taken[index[p.job_id]] = True
             placement = {nodes[node]: c for node, c in p.placement.items()}
-            if t != mix:
-                for node, c in placement.items():
-                    used[node] += c
             plans.append(replace(p, placement=placement, gpu_type=name))
     return fit_cpus(snapshot, Plan(tuple(plans)))

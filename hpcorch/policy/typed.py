@@ -30,17 +30,13 @@ from hpcorch.policy.estimate import Estimates, estimate
 from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
-MIX = "*"
-"""The pseudo-type of a launch on nodes of several types, where the site allows them
-(``Snapshot.mix_types``): the whole pool, at the speed of its slowest type."""
-
 
 @dataclass(frozen=True)
 class TypedEstimates:
     """Estimates of every job on every GPU type of the pool."""
 
     types: tuple[str, ...]
-    """The pool's GPU types, sorted; then :data:`MIX` where the site allows mixing."""
+    """The pool's GPU types, sorted."""
     est: tuple[Estimates, ...]
     """One per type; rows are the snapshot's jobs in order. ``est[t].time[j, g]``: job
     ``j``'s remaining seconds on ``g`` GPUs of type ``t`` (inf where infeasible)."""
@@ -196,34 +192,7 @@ def type_views(snapshot: Snapshot, speed: Mapping[str, float]) -> tuple[Snapshot
                 history=history,
             )
         )
-    if snapshot.mix_types:
-        views.append(
-            _mixed_view(
-                snapshot, views[min(range(len(views)), key=lambda k: speed[snapshot.gpu_types[k]])]
-            )
-        )
     return tuple(views)
-
-
-def _mixed_view(snapshot: Snapshot, slowest: Snapshot) -> Snapshot:
-    """The whole pool as one type as slow as its slowest (whose view is ``slowest``): a
-    job that runs across types keeps its placement; its profile is what it measured across
-    types and its profile on the slowest type."""
-    jobs = []
-    for j, v in zip(snapshot.jobs, slowest.jobs, strict=True):
-        here = j.gpus > 0 and "+" in j.gpu_type
-        mixed = tuple(s for s in j.profile if "+" in s.gpu_type)
-        jobs.append(
-            replace(
-                j,
-                profile=mixed + v.profile,
-                gpus=j.gpus if here else 0,
-                placement=dict(j.placement) if here else {},
-                cpus_per_gpu=j.cpus_per_gpu if here else 0,
-                gpu_type=MIX if here else "",
-            )
-        )
-    return replace(snapshot, node_types=(), jobs=tuple(jobs), history=slowest.history)
 
 
 def type_estimates(
@@ -245,9 +214,6 @@ def type_estimates(
     speed = type_speeds(snapshot.jobs, snapshot.history, types, memory)
     views = type_views(snapshot, speed)
     nodes = tuple(tuple(i for i, nt in enumerate(snapshot.node_types) if nt == t) for t in types)
-    if snapshot.mix_types:
-        speed[MIX] = min(speed.values())
-        types, nodes = (*types, MIX), (*nodes, tuple(range(len(snapshot.node_gpus))))
     # one set of pooling keys for every type: a job's group does not depend on the type
     # it is seen on (checked on the type with the most measurements)
     most = max(views, key=lambda v: sum(len(j.profile) for j in v.jobs))
