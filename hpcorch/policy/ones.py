@@ -93,9 +93,7 @@ class OnesPolicy:
     def schedule(self, snapshot: Snapshot) -> Plan:
         if snapshot.gpu_types:  # type, GPUs and batch per job; one type per launch, also
             return schedule_types(self, snapshot)  # where the site would let it mix them
-        if self._rng is None:
-            self._rng = np.random.default_rng(self.seed)
-        rng = self._rng
+        rng = self.random()
         est = estimate(
             snapshot,
             explore=self.explore,
@@ -156,6 +154,12 @@ class OnesPolicy:
         if self.probe:
             plan = probe_batches(jobs, est, plan)
         return fit_cpus(snapshot, plan)
+
+    def random(self) -> np.random.Generator:
+        """The search's random numbers, one stream across rounds (from ``seed``)."""
+        if self._rng is None:
+            self._rng = np.random.default_rng(self.seed)
+        return self._rng
 
     def time_value(
         self, snapshot: Snapshot, est: Estimates, cur: np.ndarray, ending: np.ndarray | None = None

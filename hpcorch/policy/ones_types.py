@@ -35,9 +35,7 @@ if TYPE_CHECKING:
 
 def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
     """``policy``'s plan on a pool of several GPU types (no launch spans two)."""
-    if policy._rng is None:
-        policy._rng = np.random.default_rng(policy.seed)
-    rng = policy._rng
+    rng = policy.random()
     te = type_estimates(
         snapshot,
         explore=policy.explore,
