@@ -183,3 +183,15 @@ def test_ones_keeps_a_launch_on_one_type_even_where_the_site_lets_them_mix() -> 
     plan = OnesPolicy(seed=0, probe=False).schedule(s)
     validate_plan(replace(s, mix_types=False), plan)
     assert plan.jobs[0].gpus == 8 and plan.jobs[0].gpu_type in TYPES
+
+
+def test_where_the_site_mixes_types_a_policy_without_types_schedules_one_pool() -> None:
+    kinds = ("a100", "t4", "a100", "t4")  # the first two nodes differ
+    jobs = tuple(job(i, requested_gpus=6, min_gpus=6, max_gpus=6) for i in range(2))
+    s = snap(*jobs, types=kinds, mix_types=True)
+    plan = make_policy("fifo").schedule(s)
+    validate_plan(s, plan)
+    assert any(len({kinds[n] for n in p.placement}) > 1 for p in plan.jobs)  # 6 on 4-GPU nodes
+    plan = make_policy("fifo").schedule(replace(s, mix_types=False))
+    validate_plan(replace(s, mix_types=False), plan)
+    assert all(len({kinds[n] for n in p.placement}) == 1 for p in plan.jobs)

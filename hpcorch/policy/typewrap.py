@@ -4,7 +4,8 @@
   assigned a type once, when the policy first sees it: the one type it accepts, else (a user
   who picks a partition) a weighted round-robin over the types it accepts in proportion to
   their GPUs, by arrival. An instance of the policy per type schedules that type's jobs on
-  that type's nodes; a job never changes type.
+  that type's nodes; a job never changes type. Where the site lets a launch span types
+  (``Snapshot.mix_types``), the policy schedules the pool as one instead.
 * :class:`TypeBlind`: the policy is shown one pool whose GPUs are all alike (no types, every
   measurement as if of one type); its launches may span types, where they run at the
   slowest type's speed. Only where the site lets a launch mix types
@@ -67,6 +68,8 @@ class PerType:
         types = snapshot.gpu_types
         if not types:
             return self._of("").schedule(snapshot)
+        if snapshot.mix_types:  # the site lets launches span types: one pool, as if alike
+            return self._of("").schedule(_untyped(snapshot))
         self._assign(snapshot)
         plans: list[JobPlan] = []
         for t in types:
@@ -125,9 +128,13 @@ class TypeBlind:
     def schedule(self, snapshot: Snapshot) -> Plan:
         if snapshot.gpu_types and not snapshot.mix_types:
             raise ValueError("a type-blind policy needs a pool that lets a launch mix types")
-        view = replace(
-            snapshot,
-            node_types=(),
-            jobs=tuple(replace(j, gpu_type="", gpu_types=()) for j in snapshot.jobs),
-        )
-        return self.inner.schedule(view)
+        return self.inner.schedule(_untyped(snapshot))
+
+
+def _untyped(snapshot: Snapshot) -> Snapshot:
+    """The pool as one of alike GPUs: no node's type, no job's."""
+    return replace(
+        snapshot,
+        node_types=(),
+        jobs=tuple(replace(j, gpu_type="", gpu_types=()) for j in snapshot.jobs),
+    )
