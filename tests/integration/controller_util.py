@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpcorch.controller.store import Store
+from hpcorch.controller.store import JobRecord, Store
 from tests.conftest import REPO, Pool
 
 ELASTIC = REPO / "examples" / "train_elastic.py"
@@ -81,12 +81,20 @@ class ControllerProc:
             s.close()
 
     def phase(self, job_id: int) -> str:
+        rec = self.record(job_id)
+        return rec.phase if rec else "?"
+
+    def training(self, job_id: int) -> bool:
+        """The job's current launch reported that training started."""
+        rec = self.record(job_id)
+        return rec is not None and rec.phase == "running" and rec.ready == 1
+
+    def record(self, job_id: int) -> JobRecord | None:
         if not (self.state / "state.db").exists():
-            return "?"
+            return None
         s = self.store()
         try:
-            rec = s.job(job_id)
-            return rec.phase if rec else "?"
+            return s.job(job_id)
         finally:
             s.close()
 

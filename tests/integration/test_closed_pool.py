@@ -226,16 +226,18 @@ def test_a_node_that_comes_back_costs_no_retry(env_pool: Pool, tmp_path: Path) -
         job = submit(env_pool, res, "flap", 4, 4, "--epochs", "100000", "--sample-delay",
                      "0.004", "--until-file", str(stop))  # fmt: skip
         for flap in range(1, 4):
-            # Each flap starts from a settled pool: the job RUNNING in Slurm (and in the
-            # controller's view) on n3, whose slurmd is registered. Slurm may requeue the job
-            # more than once per flap (a returning node that does not know the job): the
-            # count is read before each kill, not assumed.
+            # Each flap starts from a settled pool: the job RUNNING in Slurm (and training in
+            # the controller's view: a slurmd killed while srun launches the step fails the
+            # launch, exit 233, before Slurm sees a node failure) on n3, whose slurmd is
+            # registered. Slurm may requeue the job more than once per flap (a returning
+            # node that does not know the job): the count is read before each kill, not
+            # assumed.
             wait_for(
                 f"launch {flap} running",
                 lambda: (
                     ctl.phase(job) == "failed"
                     or (
-                        ctl.phase(job) == "running"
+                        ctl.training(job)  # its step is up: the kill is a node failure
                         and env_pool.state(job) == "RUNNING"
                         and node_responds(env_pool, "n3")
                     )
