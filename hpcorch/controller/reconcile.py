@@ -101,10 +101,8 @@ def observe(
         _pending(rec, job, now, pool_nodes, out, s)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
         _running(rec, job, now, s, out)
-        if job.node_names and rec.phase in (
-            "running",
-            "stopping",
-        ):  # Slurm is the truth about where it runs, not the job
+        # Slurm is the truth about where it runs, not the job
+        if job.node_names and rec.phase in ("running", "stopping"):
             rec.gpu_type = type_of_nodes(job.node_names, node_types or {})
     rec.slurm_restarts = max(restarts_before, job.restarts)
     return out

@@ -23,7 +23,7 @@ from hpcorch.cluster import PoolNode
 from hpcorch.controller.identity import model_key
 from hpcorch.controller.reconcile import Settings, can_stop, target_shape
 from hpcorch.controller.store import JobRecord, Sample
-from hpcorch.gputypes import joined
+from hpcorch.gputypes import TAG_SEP, joined
 from hpcorch.planner import BatchPlanError, plan_batch
 from hpcorch.policy.types import (
     CompletedJob,
@@ -336,7 +336,7 @@ def planned_type(snapshot: Snapshot, plan: JobPlan | None) -> str:
     if plan is None:
         return ""
     kind = plan.gpu_type or snapshot.type_of(plan.placement)
-    return "" if "+" in kind else kind  # a launch the site lets mix types asks for any GPUs
+    return "" if TAG_SEP in kind else kind  # a launch the site lets mix types asks for any
 
 
 def _weighted(view: JobView, weight: float) -> JobView:

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from hpcorch.gputypes import joined
+
 
 @dataclass(frozen=True)
 class StepSample:
@@ -177,7 +179,7 @@ class Snapshot:
         """The GPU type of the nodes of ``placement`` ("" untyped, "+"-joined if mixed)."""
         if not self.gpu_types:
             return ""
-        return "+".join(sorted({self.node_types[n] for n in placement}))
+        return joined(self.node_types[n] for n in placement)
 
     @property
     def manages_cpus(self) -> bool:
