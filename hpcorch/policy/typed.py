@@ -148,9 +148,17 @@ def _on_type(
     return own if app in measured else own + _bootstrap(profile, t, speed)
 
 
-def _view_job(
-    j: JobView, t: str, local: Mapping[int, int], profile: tuple[StepSample, ...]
+def type_nodes(snapshot: Snapshot, t: str) -> tuple[int, ...]:
+    """Global indices of the pool's nodes of type ``t``."""
+    return tuple(i for i, nt in enumerate(snapshot.node_types) if nt == t)
+
+
+def on_nodes(
+    j: JobView, local: Mapping[int, int], gpu_type: str, profile: tuple[StepSample, ...]
 ) -> JobView:
+    """``j`` as a view of the nodes ``local`` (global -> local index) sees it: where it runs
+    there, its placement on them (and ``gpu_type``); else queued. Its step times:
+    ``profile``."""
     here = bool(j.gpus > 0 and j.placement and all(n in local for n in j.placement))
     return replace(
         j,
@@ -158,7 +166,25 @@ def _view_job(
         gpus=j.gpus if here else 0,
         placement={local[n]: c for n, c in j.placement.items()} if here else {},
         cpus_per_gpu=j.cpus_per_gpu if here else 0,
-        gpu_type=t if here else "",
+        gpu_type=gpu_type if here else "",
+    )
+
+
+def sub_pool(
+    snapshot: Snapshot,
+    idx: Sequence[int],
+    jobs: tuple[JobView, ...],
+    history: tuple[CompletedJob, ...],
+) -> Snapshot:
+    """The pool of the nodes ``idx`` alone, one type, with ``jobs`` and ``history``."""
+    cpus = tuple(snapshot.node_cpus[i] for i in idx) if snapshot.manages_cpus else ()
+    return replace(
+        snapshot,
+        node_gpus=tuple(snapshot.node_gpus[i] for i in idx),
+        node_cpus=cpus,
+        node_types=(),
+        jobs=jobs,
+        history=history,
     )
 
 
@@ -170,28 +196,18 @@ def type_views(snapshot: Snapshot, speed: Mapping[str, float]) -> tuple[Snapshot
             apps_on[s.gpu_type].add(app)
     views = []
     for t in snapshot.gpu_types:
-        idx = [i for i, nt in enumerate(snapshot.node_types) if nt == t]
+        idx = type_nodes(snapshot, t)
         local = {g: k for k, g in enumerate(idx)}
         seen = apps_on.get(t, set())
         jobs = tuple(
-            _view_job(j, t, local, _on_type(j.application, j.profile, t, seen, speed))
+            on_nodes(j, local, t, _on_type(j.application, j.profile, t, seen, speed))
             for j in snapshot.jobs
         )
         history = tuple(
             replace(h, profile=_on_type(h.application, h.profile, t, seen, speed))
             for h in snapshot.history
         )
-        cpus = tuple(snapshot.node_cpus[i] for i in idx) if snapshot.manages_cpus else ()
-        views.append(
-            replace(
-                snapshot,
-                node_gpus=tuple(snapshot.node_gpus[i] for i in idx),
-                node_cpus=cpus,
-                node_types=(),
-                jobs=jobs,
-                history=history,
-            )
-        )
+        views.append(sub_pool(snapshot, idx, jobs, history))
     return tuple(views)
 
 
@@ -213,7 +229,7 @@ def type_estimates(
     types = snapshot.gpu_types
     speed = type_speeds(snapshot.jobs, snapshot.history, types, memory)
     views = type_views(snapshot, speed)
-    nodes = tuple(tuple(i for i, nt in enumerate(snapshot.node_types) if nt == t) for t in types)
+    nodes = tuple(type_nodes(snapshot, t) for t in types)
     # one set of pooling keys for every type: a job's group does not depend on the type
     # it is seen on (checked on the type with the most measurements)
     most = max(views, key=lambda v: sum(len(j.profile) for j in v.jobs))

@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from hpcorch.policy.types import JobPlan, JobView, Plan, Policy, Snapshot
+from hpcorch.policy.typed import on_nodes, sub_pool, type_nodes
+from hpcorch.policy.types import JobPlan, Plan, Policy, Snapshot
 
 
 @dataclass
@@ -73,42 +74,25 @@ class PerType:
         self._assign(snapshot)
         plans: list[JobPlan] = []
         for t in types:
-            idx = [i for i, nt in enumerate(snapshot.node_types) if nt == t]
+            idx = type_nodes(snapshot, t)
             local = {g: k for k, g in enumerate(idx)}
             jobs = tuple(
-                _local(j, local) for j in snapshot.jobs if self._assigned.get(j.job_id) == t
+                on_nodes(j, local, "", j.profile)
+                for j in snapshot.jobs
+                if self._assigned.get(j.job_id) == t
             )
             if not jobs:
                 continue
-            cpus = tuple(snapshot.node_cpus[i] for i in idx) if snapshot.manages_cpus else ()
-            view = replace(
-                snapshot,
-                node_gpus=tuple(snapshot.node_gpus[i] for i in idx),
-                node_cpus=cpus,
-                node_types=(),
-                jobs=jobs,
-                history=tuple(
-                    replace(h, profile=tuple(s for s in h.profile if s.gpu_type == t))
-                    for h in snapshot.history
-                ),
+            history = tuple(
+                replace(h, profile=tuple(s for s in h.profile if s.gpu_type == t))
+                for h in snapshot.history
             )
+            view = sub_pool(snapshot, idx, jobs, history)
             plan = self._of(t).schedule(view)
             for p in plan.jobs:
                 placement = {idx[n]: c for n, c in p.placement.items()}
                 plans.append(replace(p, placement=placement, gpu_type=t))
         return Plan(tuple(plans))
-
-
-def _local(j: JobView, local: dict[int, int]) -> JobView:
-    here = bool(j.placement) and all(n in local for n in j.placement)
-    return replace(
-        j,
-        gpus=j.gpus if here else 0,
-        placement={local[n]: c for n, c in j.placement.items()} if here else {},
-        cpus_per_gpu=j.cpus_per_gpu if here else 0,
-        gpu_type="",
-        gpu_types=(),
-    )
 
 
 @dataclass
