@@ -24,6 +24,7 @@ import numpy as np
 
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import one_gpu_time
+from hpcorch.policy.ones_ops import grow, trim
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
 from hpcorch.policy.typed import TypedEstimates, type_estimates
@@ -214,19 +215,7 @@ class _TypedOps:
         used = np.bincount(k, weights=g, minlength=self.kinds)
         for t in np.flatnonzero(used > self.cap):
             on = k == t
-            excess = int(g[on].sum()) - int(self.cap[t])
-            v = self.value[:, t, :]
-            while excess > 0:
-                cand = np.flatnonzero(on & (g > 0))
-                prev = np.where(g[cand] - 1 < self.gmin[cand, t], 0, g[cand] - 1)
-                with np.errstate(invalid="ignore"):
-                    loss = v[cand, g[cand]] - v[cand, prev]
-                loss = np.where(np.isnan(loss), -np.inf, loss)
-                take = cand[np.argsort(loss, kind="stable")[: min(max(1, excess // 8), len(cand))]]
-                for i in take:
-                    drop = int(g[i]) if g[i] - 1 < self.gmin[i, t] else 1
-                    g[i] -= drop
-                    excess -= drop
+            trim(self.value[:, t, :], g, self.gmin[:, t], int(g[on].sum()) - int(self.cap[t]), on)
         return g, k
 
     def fill(
@@ -235,45 +224,19 @@ class _TypedOps:
         """Free GPUs of each type (in ``order``) to the jobs that gain most from them: the
         jobs on that type and the queued ones (which then take the type)."""
         g, k = g.copy(), k.copy()
-        width = self.width
-        steps = np.arange(1, width)
         for t in order:
             free = int(self.cap[t]) - int(g[k == t].sum())
             if free <= 0:
                 continue
             cand = (g == 0) | (k == t)
-            v = self.value[:, t, :]
-            hi = self.gmax[:, t]
-            gt = np.where(cand, g, 0)
-            tgt = gt[:, None] + steps[None, :]
-            valid = (tgt <= hi[:, None]) & cand[:, None]
-            tgt = np.minimum(tgt, width - 1)
-            vals = v[self.rows[:, None], tgt]
-            base = v[self.rows, gt]
-            prev = np.concatenate([base[:, None], vals[:, :-1]], axis=1)
-            with np.errstate(invalid="ignore"):
-                marg = vals - prev
-            for j in np.flatnonzero(cand & (g == 0) & (self.gmin[:, t] > 1)):
-                m = int(self.gmin[j, t])
-                if m < width:
-                    marg[j, :m] = v[j, m] / m
-            marg = np.where(valid & ~np.isnan(marg), marg, -np.inf)
-            marg = np.minimum.accumulate(marg, axis=1)
-            flat = marg.ravel()
-            pos = int((flat > 0).sum())
-            if pos == 0:
+            counts = grow(
+                self.value[:, t, :], np.where(cand, g, 0), self.gmax[:, t], self.gmin[:, t],
+                free, cand,
+            )  # fmt: skip
+            if counts is None:
                 continue
-            take = min(free, pos)
-            top = (
-                np.argpartition(-flat, take - 1)[:take]
-                if take < len(flat)
-                else np.arange(len(flat))
-            )
-            counts = np.bincount(top // (width - 1), minlength=len(g))
-            got = counts > 0
-            k[got & (g == 0)] = t
-            g = g + counts
-            g, k = self.repair(g, k)
+            k[(counts > 0) & (g == 0)] = t
+            g, k = self.repair(g + counts, k)
         return g, k
 
 
