@@ -50,9 +50,10 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
     n, kinds = len(jobs), len(te.types)
     if n == 0:
         return Plan()
-    value, gmax, gmin = _values(policy, snapshot, te)
-    cap = np.array([sum(v.node_gpus) for v in te.views], dtype=np.int64)
+    # each job's current type (-1: queued, or on a type not planned)
     cur_k = np.array([te.types.index(j.gpu_type) if j.gpu_type in te.types else -1 for j in jobs])
+    value, gmax, gmin = _values(policy, snapshot, te, cur_k)
+    cap = np.array([sum(v.node_gpus) for v in te.views], dtype=np.int64)
     cur_g = np.where(cur_k >= 0, [j.gpus for j in jobs], 0).astype(np.int64)
     speed = np.array([te.speed[t] for t in te.types])
     fastest = np.argsort(-speed, kind="stable")
@@ -104,13 +105,13 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
 
 
 def _values(
-    policy: OnesPolicy, snapshot: Snapshot, te: TypedEstimates
+    policy: OnesPolicy, snapshot: Snapshot, te: TypedEstimates, cur_k: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(value[j, t, g], gmax[j, t], gmin[j, t]) over every type."""
+    """(value[j, t, g], gmax[j, t], gmin[j, t]) over every type; ``cur_k``: each job's
+    current type index (-1: none)."""
     jobs = snapshot.jobs
     n, kinds = len(jobs), len(te.types)
     width = max(e.time.shape[1] for e in te.est)
-    cur_k = np.array([te.types.index(j.gpu_type) if j.gpu_type in te.types else -1 for j in jobs])
     running = np.array([j.running for j in jobs], dtype=bool) & (cur_k >= 0)
     ending = np.zeros(n, dtype=bool)
     for k, e in enumerate(te.est):
