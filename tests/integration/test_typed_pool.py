@@ -6,6 +6,7 @@ with a typed GPU request Slurm shows (``gres:gpu:a100:N``), and ``hpcorch status
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -76,6 +77,14 @@ def test_an_a100_job_runs_on_a100_with_a_typed_request(typed_pool: Pool, tmp_pat
         detail = pool.run("scontrol", "show", "job", str(job)).stdout
         print(detail)  # what Slurm shows of a typed launch (kept in the test's output)
         assert "gpu:a100:" in detail, detail
+        # exactly the CPUs and GPUs of its shape: its GPUs, each with its node's share of
+        # the CPUs (the a100 nodes n3 and n4 are alike)
+        per_node = int(re.search(r"TresPerNode=gres[:/]gpu:a100:(\d+)", detail)[1])  # type: ignore[index]
+        count = int(re.search(r"NumNodes=(\d+)", detail)[1])  # type: ignore[index]
+        node = pool.run("scontrol", "-o", "show", "node", "n3").stdout
+        cpus = int(re.search(r"CPUTot=(\d+)", node)[1])  # type: ignore[index]
+        gres = int(re.search(r"Gres=gpu:a100:(\d+)", node)[1])  # type: ignore[index]
+        assert f"NumCPUs={count * per_node * (cpus // gres)} " in detail, (detail, node)
         wait_for("the controller to see it run", lambda: ctl.phase(job) == "running", 30)
         store = ctl.store()
         rec = store.job(job)
