@@ -26,7 +26,7 @@ from hpcorch.controller.store import SCHEMA_VERSION, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, parse_tags
 from hpcorch.errors import SlurmCommandError, SubmitError
 from hpcorch.gputypes import GpuTypeError, parse_gpu_types, parse_tag, type_of_nodes
-from hpcorch.policy.types import JobPlan
+from hpcorch.policy.types import JobPlan, Plan, Snapshot
 from hpcorch.report import build, summary_table
 from hpcorch.request import RequestError, build_request
 from hpcorch.slurm.backend import shape_args
@@ -265,6 +265,30 @@ def test_decide_keeps_the_type_and_the_launch_requests_it() -> None:
     assert target_shape(replace(rec, target_placement="{}"), ()).gpu_type == "a100"
 
 
+def test_a_move_to_another_type_at_the_same_count_restarts_the_job() -> None:
+    # a type-aware plan that keeps a job's GPU count but gives it another type is a resize:
+    # the job is signalled and relaunches on the planned type (it was dropped as no change)
+    s = Settings()
+    rec = _rec(phase="running", gpus=4, nodes=1, node_list="n1", gpu_type="t4", ready=1)
+    out = decide(rec, 4, {1: 4}, 1000.0, ("n1", "n2"), s, gpu_type="a100", chose_type=True)
+    (signal,) = out.actions
+    assert signal.kind == "signal" and rec.phase == "stopping"
+    assert (rec.target_gpus, rec.target_type) == (4, "a100")
+    assert out.events == ["resize: 4 GPUs of t4 -> 4 GPUs of a100"]
+    # the same type, a plan that names none ("any"), or a type-blind policy's placement on
+    # other nodes at the same count, is no change
+    for kind, chose in (("t4", True), ("", True), ("a100", False)):
+        rec = _rec(phase="running", gpus=4, nodes=1, node_list="n1", gpu_type="t4", ready=1)
+        out = decide(rec, 4, {1: 4}, 1000.0, ("n1", "n2"), s, gpu_type=kind, chose_type=chose)
+        assert out.actions == []
+    # a live batch change never stands in for a move
+    rec = _rec(phase="running", gpus=4, nodes=1, node_list="n1", gpu_type="t4", ready=1,
+               target_batch=256, batch=64)  # fmt: skip
+    out = decide(rec, 4, {1: 4}, 1000.0, ("n1", "n2"), s, live_batch=True,
+                 gpu_type="a100", chose_type=True)  # fmt: skip
+    assert [a.kind for a in out.actions] == ["signal"]
+
+
 def test_observe_reads_the_type_off_the_nodes_slurm_shows() -> None:
     rec = _rec(phase="starting", target_gpus=4, target_type="a100")
     job = _job({}, state="RUNNING", held=False, node_names=("n2",), gpus_per_node=4)
@@ -315,6 +339,38 @@ def test_the_loop_starts_a_typed_plan_with_its_type(tmp_path: Path) -> None:
     )
     (view,) = policy.seen[-1].jobs
     assert (view.gpu_type, view.gpu_types) == ("a100", ("a100",))
+
+
+class TypeChoosing(Scripted):
+    """A type-aware policy: its plans name their type (the type of their nodes)."""
+
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        plan = super().schedule(snapshot)
+        return Plan(tuple(replace(p, gpu_type=snapshot.type_of(p.placement)) for p in plan.jobs))
+
+
+def test_the_loop_moves_a_job_to_the_type_its_policy_chose(tmp_path: Path) -> None:
+    for policy, moves in ((TypeChoosing({"1": (4, {0: 4}, 64)}), True),
+                          (Scripted({"1": (4, {0: 4}, 64)}), False)):  # fmt: skip
+        c = Typed()
+        c.add(1, 1, 8)
+        ctl = _ctl(tmp_path / policy.name / str(moves), c, policy, restart_cost_s=0.0)
+        ctl.cycle()
+        c.t += 5
+        ctl.cycle()
+        rec = ctl.store.job(1)
+        assert rec is not None and (rec.phase, rec.gpu_type) == ("running", "t4")
+        policy.plans["1"] = (4, {1: 4}, 64)  # the same count, on the a100 node
+        c.t += 120
+        ctl.cycle()
+        # a type-aware plan moves it (a restart on a100); a type-blind one's placement on
+        # other nodes at the same count is no change
+        assert (("signal", 1) in c.log) is moves
+        if moves:
+            ctl.cycle()
+            c.t += 5
+            ctl.cycle()
+            assert c.shapes[-1] == Shape(1, 4, ("n2",), 0, (4,), "a100")
 
 
 def test_a_plan_across_types_is_refused_unless_the_site_mixes(tmp_path: Path) -> None:

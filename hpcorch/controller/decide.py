@@ -47,6 +47,7 @@ def decide(
     *,
     restart_cost_s: float = 0.0,
     gpu_type: str = "",
+    chose_type: bool = False,
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
     ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
@@ -55,11 +56,17 @@ def decide(
     another global batch (``rec.target_batch``) gets a "rebatch": its plan rewritten.
     A running job is stopped only once it trained ``max(min_run_s, restart_cost_s)`` since
     its launch started training (``can_stop``). ``gpu_type``: the GPU type of the target's
-    nodes, which the launch requests ('': any)."""
+    nodes, which the launch requests ('': any). ``chose_type``: the policy chose that type
+    (a type-aware policy's plan): another type than the running launch's is then a change
+    even at the same count (a move: the job restarts on the planned type). A type-blind
+    policy's placement elsewhere at the same count is no change, as on one type."""
     out = Outcome()
     if rec.budget_spent():
         return out  # it ends at its next checkpoint (observe), never starts again
     cpus_change = bool(cpus and rec.cpus_per_gpu and cpus != rec.cpus_per_gpu)
+    moved = bool(
+        chose_type and target_gpus and gpu_type and rec.gpu_type and gpu_type != rec.gpu_type
+    )
     if rec.phase == "queued" and target_gpus > 0:
         rec.slurm_launch = 0
         rec.target_gpus = target_gpus
@@ -76,6 +83,7 @@ def decide(
         and rec.ready
         and target_gpus == rec.gpus > 0
         and not cpus_change
+        and not moved
         and rec.target_batch > 0
         and rec.target_batch != (plan_batch or rec.global_batch or rec.batch)
     ):
@@ -84,7 +92,9 @@ def decide(
             Action("rebatch", rec.slurm_id, reason=f"batch {was} -> {rec.target_batch}")
         )
         out.events.append(f"rebatch: global batch {was} -> {rec.target_batch}")
-    elif rec.phase == "running" and (target_gpus != rec.gpus or (cpus_change and target_gpus)):
+    elif rec.phase == "running" and (
+        target_gpus != rec.gpus or moved or (cpus_change and target_gpus)
+    ):
         if not can_stop(rec, now, s, restart_cost_s):
             return out  # still starting up, or not yet trained for a restart's worth
         rec.target_gpus = target_gpus
@@ -94,7 +104,10 @@ def decide(
         kind = "preempt" if target_gpus == 0 else "resize"
         what = f"{rec.gpus} -> {target_gpus} GPUs"
         reason = f"{kind} to {target_gpus} GPUs"
-        if target_gpus == rec.gpus:
+        if moved:
+            what = f"{rec.gpus} GPUs of {rec.gpu_type} -> {target_gpus} GPUs of {gpu_type}"
+            reason = f"resize to {target_gpus} GPUs of {gpu_type}"
+        elif target_gpus == rec.gpus:
             what = f"{rec.cpus_per_gpu} -> {cpus} CPUs per GPU"
             reason = f"resize to {cpus} CPUs per GPU"
         out.actions.append(Action("signal", rec.slurm_id, reason=reason))

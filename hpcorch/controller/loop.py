@@ -360,6 +360,7 @@ class Controller:
                     live and bool(rec.job_dir),
                     restart_cost_s=self.config.restart_cost_s,
                     gpu_type=planned_type(snapshot, jp),
+                    chose_type=bool(jp and jp.gpu_type),
                 )
             except Exception as exc:
                 self._job_error(rec, "carrying out its plan", exc)
