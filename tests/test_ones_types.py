@@ -56,6 +56,17 @@ def test_type_speeds_learns_the_ratio_from_jobs_measured_on_two_types() -> None:
     assert type_speeds(jobs[2:], (), ("a100", "t4")) == {"a100": 1.0, "t4": 1.0}
 
 
+def test_type_speeds_compare_types_only_near_batches_both_measured() -> None:
+    # compute = (0.04 + 0.01 x per-GPU batch) on a T4, 4 x faster on an A100. A cold job
+    # measured its first type at a tiny per-GPU batch and the next at its best one: compared
+    # at either, the other type's time is an extrapolation (here a 6 x "ratio")
+    far = job(0, prof=(step("t4", 0.07, micro=3), step("a100", 0.25, micro=96)))
+    assert type_speeds([far], (), ("a100", "t4")) == {"a100": 1.0, "t4": 1.0}
+    near = job(1, prof=(step("t4", 0.68, micro=64), step("a100", 0.17, micro=64)))
+    speed = type_speeds([far, near], (), ("a100", "t4"))
+    assert speed["a100"] / speed["t4"] == pytest.approx(4.0, rel=0.02)
+
+
 def test_type_speeds_remembers_what_jobs_that_left_showed() -> None:
     memory: dict[str, dict[str, float]] = {}
     seen = [job(0, prof=(step("a100", 0.1), step("t4", 0.5)))]

@@ -10,7 +10,7 @@ job's model on a type from one measurement: the all-reduce, over the same networ
 
 The relative speeds (:func:`type_speeds`) are learned from the applications measured on two
 or more types, running or completed: each (application, type) pair's compute time per
-micro-step at the application's usual per-GPU batch, fitted as ``log time = c_app -
+micro-step at a per-GPU batch measured on (or near) both types, fitted as ``log time = c_app -
 log speed_type`` by alternating means. A type no application has been compared on counts as
 the others' mean speed until one is. Once a job runs on a type it is modelled on what it
 measured there; its convergence model (noise, epochs) is the same on every type.
@@ -76,11 +76,9 @@ def type_speeds(
     for app, on in per_app.items():
         if len(on) < 2:
             continue
-        micro = float(np.median([s.micro_batch for ss in on.values() for s in ss]))
-        y[app] = {
-            t: math.log(float(ThroughputModel(ss).compute(np.array([micro]))[0]))
-            for t, ss in on.items()
-        }
+        row = _compared(on)
+        if len(row) >= 2:
+            y[app] = row
     if memory is not None:
         for app, row in y.items():
             memory.pop(app, None)
@@ -101,6 +99,33 @@ def type_speeds(
         for t in seen:
             lam[t] -= mean
     return {t: math.exp(lam[t]) for t in types}
+
+
+REACH = 2.0
+"""A type's compute time is compared at a per-GPU batch at most this factor outside the
+per-GPU batches it was measured at (further, the throughput model extrapolates)."""
+
+
+def _compared(on: Mapping[str, Sequence[StepSample]]) -> dict[str, float]:
+    """Log compute time per micro-step of one application on each of its types, at one
+    per-GPU batch that the most types measured near (within ``REACH``); the types measured
+    only far from it are left out. A cold job measures a tiny per-GPU batch on its first
+    type and its best one on the next: compared at one of them, the other type's time is an
+    extrapolation that can be off by several times (an A100 "slower" than a T4)."""
+    ranges = {
+        t: (min(s.micro_batch for s in ss), max(s.micro_batch for s in ss)) for t, ss in on.items()
+    }
+    batches = sorted({s.micro_batch for ss in on.values() for s in ss})
+
+    def near(b: int) -> list[str]:
+        return [t for t, (lo, hi) in ranges.items() if lo / REACH <= b <= hi * REACH]
+
+    middle = float(np.median(batches))
+    micro = max(batches, key=lambda b: (len(near(b)), -abs(math.log(b / middle))))
+    return {
+        t: math.log(float(ThroughputModel(on[t]).compute(np.array([float(micro)]))[0]))
+        for t in near(micro)
+    }
 
 
 def _profiles(
