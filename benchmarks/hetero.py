@@ -2,8 +2,8 @@
 a Gavel-style throughput-matrix policy, through the controller that ships.
 
     python benchmarks/hetero.py [--policies ones,ones-blind,per-type,gavel] [--loads 1.0,0.5]
-                                [--regimes known,cold] [--workloads 1,2] [--procs 2]
-                                [--save benchmarks/results/hetero.json]
+                                [--regimes known,cold] [--workloads 1,2] [--seeds 0,1,2,3]
+                                [--procs 2] [--save benchmarks/results/hetero.json]
 
 The pool: 16 nodes of 4 GPUs, ``POOL`` types (A100, V100 and T4 nodes). Each bundled
 application runs on a type at its speed factor (``hpcorch/sim/data/gpu-types``: compute
@@ -18,9 +18,11 @@ scaled, all-reduce as measured on the T4s of the traces). Policies:
 * ``gavel``: heterogeneity-aware LAS with Gavel's throughput matrix and round-based
   mechanism (non-elastic jobs at their requested GPUs and batch).
 
-Prints per load and regime the mean of average JCT, p99 JCT and makespan over the
-workloads, decision times, and the targets (type-aware ONES at least 25% below ones-blind
-and per-type, 10% below gavel, in the cold regime). ``--save`` writes the rows (a
+Every policy runs with each of ``--seeds`` (its search's random numbers; Gavel's are not
+random), and a figure is the mean over the workloads and seeds: one seed's run moves the
+average JCT by a few percent either way. Prints per load and regime the mean of average
+JCT, p99 JCT and makespan, decision times, and the targets (type-aware ONES at least 25%
+below ones-blind and per-type, 10% below gavel, in the cold regime). ``--save`` writes the rows (a
 ``results`` list) as JSON.
 """
 
@@ -57,7 +59,7 @@ POLICIES = ("ones", "ones-blind", "per-type", "gavel")
 TARGETS = {"ones-blind": 0.75, "per-type": 0.75, "gavel": 0.90}
 """Type-aware ONES's mean average JCT at most this fraction of each baseline's (cold)."""
 
-Task = tuple[str, str, str, str, str]
+Task = tuple[str, str, str, str, str, int]
 
 
 def make(policy: str, seed: int = 0) -> Policy:
@@ -73,17 +75,18 @@ def make(policy: str, seed: int = 0) -> Policy:
 
 
 def run_one(task: Task) -> dict[str, object]:
-    data, load, workload, policy, regime = task
+    data, load, workload, policy, regime, seed = task
     apps = load_apps(Path(data))
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
     cfg = SimConfig(regime=Regime(regime), gpu_types=POOL)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate_controlled(jobs, make(policy), apps, cfg, mix_types=policy == "ones-blind")
+    res = simulate_controlled(jobs, make(policy, seed), apps, cfg, mix_types=policy == "ones-blind")
     return {
         "load": load,
         "workload": workload,
         "policy": policy,
         "regime": regime,
+        "seed": seed,
         "wall_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - c0,
         **res.summary(),
@@ -105,10 +108,11 @@ def report(rows: list[dict[str, object]]) -> None:
     policies = [p for p in POLICIES if any(r["policy"] == p for r in rows)]
     workloads = sorted({str(r["workload"]) for r in rows})
     pool = ", ".join(f"{n * 4} {t}" for t, n in POOL)
-    print(f"\npool: {pool} GPUs; workloads {', '.join(workloads)}")
+    seeds = sorted({int(r.get("seed", 0)) for r in rows})  # type: ignore[call-overload]
+    print(f"\npool: {pool} GPUs; workloads {', '.join(workloads)}; seeds {seeds}")
     for load in loads:
         for regime in regimes:
-            print(f"\n## Load {load}, {regime}: means over the workloads\n")
+            print(f"\n## Load {load}, {regime}: means over the workloads and seeds\n")
             body = []
             for p in policies:
                 avg = _mean(rows, load, regime, p, "avg_jct")
@@ -138,6 +142,7 @@ def main() -> None:
     ap.add_argument("--loads", default="1.0,0.5")
     ap.add_argument("--regimes", default="known,cold")
     ap.add_argument("--workloads", default="1,2", help="numbers, e.g. 1,2")
+    ap.add_argument("--seeds", default="0,1,2,3", help="the policies' seeds, e.g. 0,1")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--save", type=Path, default=None)
@@ -147,12 +152,18 @@ def main() -> None:
         report(json.loads(args.load_results.read_text())["results"])
         return
     data = args.data or default_data_dir()
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds: not a list of integers: {args.seeds!r}") from None
     tasks: list[Task] = [
-        (str(data), load, f"workload-{w}", p, g)
+        (str(data), load, f"workload-{w}", p, g, seed)
         for load in args.loads.split(",")
         for g in args.regimes.split(",")
         for w in args.workloads.split(",")
         for p in args.policies.split(",")
+        for seed in seeds
+        if seed == seeds[0] or p != "gavel"  # Gavel's rounds draw no random numbers
     ]
     for t in tasks:
         make(t[3])  # a bad name fails before any simulation
@@ -163,14 +174,14 @@ def main() -> None:
             rows.append(row)
             print(
                 f"[{len(rows)}/{len(tasks)} {time.perf_counter() - t0:.0f} s] load {row['load']} "
-                f"{row['workload']} {row['regime']} {row['policy']}: avg JCT "
+                f"{row['workload']} {row['regime']} {row['policy']} seed {row['seed']}: avg JCT "
                 f"{float(row['avg_jct']):.0f} s",  # type: ignore[arg-type]
                 flush=True,
             )
     report(rows)
     if args.save:
         args.save.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"pool": [list(p) for p in POOL], "workloads": args.workloads}
+        meta = {"pool": [list(p) for p in POOL], "workloads": args.workloads, "seeds": seeds}
         args.save.write_text(json.dumps({**meta, "results": rows}, indent=1) + "\n")
         print(f"\nsaved {args.save}")
 
