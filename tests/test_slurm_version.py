@@ -59,6 +59,7 @@ def test_behaviour_by_release() -> None:
     assert cur.squeue_lists_ended_only_when_asked
     assert (old.tres_prefix, cur.tres_prefix) == ("gres:gpu", "gres/gpu")
     assert not old.cpus_per_gpu_sticks and not new.cpus_per_gpu_sticks and cur.cpus_per_gpu_sticks
+    assert not old.retypes_gpus and new.retypes_gpus and cur.retypes_gpus
 
 
 class ConfigCLI(SlurmCLI):
@@ -83,3 +84,15 @@ def test_cli_asks_slurmctld_and_uses_its_behaviour() -> None:
     cli.use(behaviour(parse_version("22.05.8")))
     cli.nodes()
     assert cli.argv[-1] == ["sinfo", "--json"]
+
+
+def test_a_launch_names_its_gpu_type_where_the_release_can_change_it() -> None:
+    # 22.05 never runs a requeued job whose GPU request changed type: a launch there asks
+    # for GPUs of no type on exactly the planned nodes (whose type they are)
+    cli = ConfigCLI("")
+    for release, gres in (("25.11.2", "gres:gpu:t4:2"), ("22.05.8", "gres:gpu:2")):
+        cli.use(behaviour(parse_version(release)))
+        cli.set_shape(7, 1, 2, ["n1"], cpus_per_gpu=4, gpu_type="t4")
+        assert f"TresPerNode={gres}" in cli.argv[-1] and "ReqNodeList=n1" in cli.argv[-1]
+    cli.set_shape(7, 1, 2, (), gpu_type="t4")  # no nodes named: only the type can say it
+    assert "TresPerNode=gres:gpu:t4:2" in cli.argv[-1]

@@ -147,6 +147,8 @@ class SlurmCLI:
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
         self._nodes_argv = ["sinfo", "--json"]
+        self._typed = True
+        """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
 
     # --- plumbing -----------------------------------------------------------------------
     def run(
@@ -209,6 +211,7 @@ class SlurmCLI:
             if behaviour.nodes_from_scontrol
             else ["sinfo", "--json"]
         )
+        self._typed = behaviour.retypes_gpus
 
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
         """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
@@ -308,6 +311,8 @@ class SlurmCLI:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
     ) -> None:
+        if node_names and not self._typed:  # 22.05: the nodes name the type (retypes_gpus)
+            gpu_type = ""
         fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
         try:
             self.scontrol("update", f"jobid={job_id}", *fields)

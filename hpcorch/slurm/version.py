@@ -84,6 +84,13 @@ class SlurmBehaviour:
     """A job's first CPUs-per-GPU total outlives later updates of its GPUs (24.11 and 25.11;
     24.05 assumed alike; 23.11 and older do not): the controller never reshapes through
     ``CpusPerTres`` (hpcorch.slurm.backend.shape_args), on any release."""
+    retypes_gpus: bool
+    """A requeued job's GPU request may name another GPU type than its last run's (23.11,
+    24.11, 25.11; 24.05 and 25.05 assumed alike). 22.05 keeps the type a job last ran with:
+    a request for another type is never runnable (BadConstraints), one without a type is
+    refused ("with and without type identification"), also after the request is cleared;
+    23.02 assumed alike. There the controller asks for GPUs of no type on exactly the
+    planned nodes, whose type they are (hpcorch.slurm.backend.SlurmCLI.set_shape)."""
 
 
 def behaviour(version: SlurmVersion) -> SlurmBehaviour:
@@ -95,4 +102,5 @@ def behaviour(version: SlurmVersion) -> SlurmBehaviour:
         nodes_from_scontrol=new_json,
         tres_prefix="gres/gpu" if new_json else "gres:gpu",
         cpus_per_gpu_sticks=(version.major, version.minor) >= (24, 5),
+        retypes_gpus=(version.major, version.minor) >= (23, 11),
     )
