@@ -152,9 +152,7 @@ def _running(pool: Pool, job: int) -> None:
     wait_for(f"job {job} running", up, 60)
 
 
-def test_a_move_between_types_at_the_same_count_holds_the_new_shape(
-    typed_pool: Pool, tmp_path: Path
-) -> None:
+def test_a_move_between_types_at_the_same_count_holds_the_new_shape(typed_pool: Pool) -> None:
     """What the controller asks of Slurm when a plan moves a job to another type at the
     same GPU count, for a job of a second Unix user: its launch on an a100 node requeued
     held and reshaped onto a t4 node (``set_shape``, as the controller's backend does on
