@@ -137,6 +137,43 @@ def test_a_batch_only_change_rewrites_the_running_launchs_plan(tmp_path: Path) -
     assert len([d for d in ctl.store.decisions(1) if d.action == "rebatch"]) == 1
 
 
+@dataclass
+class SeesFixed(Scripted):
+    """A scripted policy that plans around the jobs that keep their GPUs (as ONES does)."""
+
+    sees_fixed: bool = True
+
+
+def test_a_launch_too_young_to_stop_still_takes_a_new_batch(tmp_path: Path) -> None:
+    """A launch that has not trained for its restart cost keeps its GPUs, but a batch
+    change costs no restart: a policy that plans around it (here while a third job waits)
+    gives it the batch its first measurements call for at once, not once it may be
+    stopped. A sidecar job (no live batch) keeps its batch; a plan at other GPUs waits."""
+    c = Reporting()
+    c.add(1, 1, 8)
+    c.add(2, 1, 8)
+    c.set(2, tags={**c.jobs[2].job.tags, "mode": "sidecar"})
+    c.add(3, 1, 8)
+    policy = SeesFixed({"1": (4, {0: 4}, 64), "2": (2, {1: 2}, 64)})
+    ctl = _ctl(tmp_path, c, policy, restart_cost_s=30.0)
+    ctl.cycle()
+    c.t += 5
+    ctl.cycle()  # 1 and 2 running, 5 s trained; 3 queued, 2 GPUs free
+    policy.plans = {"1": (4, {0: 4}, 256), "2": (2, {1: 2}, 256)}
+    c.t += 5
+    ctl.cycle()
+    assert not [a for a in c.log if a[0] == "signal"]
+    assert (c.plans[1].launch, c.plans[1].global_batch, c.plans[1].gpus) == (0, 256, 4)
+    assert c.plans[2].global_batch == 64  # a sidecar job keeps its batch
+    assert [d.action for d in ctl.store.decisions(1)][-1] == "rebatch"
+    assert not [d for d in ctl.store.decisions(2) if d.action == "rebatch"]
+    policy.plans["1"] = (8, {0: 4, 1: 4}, 512)  # other GPUs: a restart, not yet allowed
+    c.t += 5
+    ctl.cycle()
+    assert not [a for a in c.log if a[0] == "signal"]
+    assert c.plans[1].global_batch == 256  # nor the batch that came with them
+
+
 def test_the_memory_view_is_what_the_store_holds(tmp_path: Path) -> None:
     c = Reporting()
     c.add(1, 1, 8)

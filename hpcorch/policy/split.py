@@ -1,7 +1,12 @@
 """Jobs a policy cannot model, set apart before it runs (after AITurbo's split).
 
 * A running job that cannot be resized (its script keeps no checkpoint hpcorch can restart
-  it from) keeps the GPUs it has: moving it would lose its work.
+  it from, or its launch has not yet trained long enough to be stopped) keeps the GPUs it
+  has: moving it would lose its work. A policy that plans around such jobs
+  (``sees_fixed``) plans them at those GPUs when it runs for the others, and one that
+  takes a new batch while it runs (``JobView.rebatch``) gets the batch planned: a batch
+  change costs no restart, so a new job trains at the batch its first measurements call
+  for without waiting until it may be stopped.
 * Unpredictable jobs (their script reports no progress, so no throughput model can be
   fitted) get GPUs by discretized least attained service at the GPU count they asked for,
   within their share of the pool (their number over all jobs), as AITurbo's multi-level
@@ -78,7 +83,33 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
             replace(snapshot, node_gpus=tuple(free), node_cpus=cpus, jobs=shown + rest)
         )
         plans += [p for p in inner.jobs if p.job_id not in fixed_ids]
+        if shown:
+            planned, views = inner.by_id(), {j.job_id: j for j in fixed}
+            plans = [
+                _batch_at_its_gpus(p, views[p.job_id], planned.get(p.job_id))
+                if p.job_id in views
+                else p
+                for p in plans
+            ]
     return Plan(tuple(plans))
+
+
+def _batch_at_its_gpus(kept: JobPlan, job: JobView, planned: JobPlan | None) -> JobPlan:
+    """A fixed job's plan (``kept``) with the batch the policy ``planned`` for it, where
+    the job takes a new batch while it runs and the plan keeps its GPUs where they are."""
+    if (
+        planned is None
+        or not job.rebatch
+        or planned.gpus != kept.gpus
+        or dict(planned.placement) != dict(kept.placement)
+    ):
+        return kept
+    return replace(
+        kept,
+        global_batch=planned.global_batch,
+        micro_batch=planned.micro_batch,
+        accum_steps=planned.accum_steps,
+    )
 
 
 def _pinned(job: JobView) -> JobView:
