@@ -45,7 +45,8 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
     cluster.ensure_reservation("n1", getpass.getuser(), None)
     policy = TwoGpus()
     # min_run_s and restart_cost_s 0: the policy may change the job as soon as it trains
-    # (else a fresh launch is shown fixed, batch included, until it trained that long)
+    # (else a fresh launch is set apart until it trained that long: only a policy that
+    # plans around such jobs, while others wait, changes its batch before)
     cfg = LoopConfig(round_s=0, restart_cost_s=0, settings=Settings(min_run_s=0))
     ctl = Controller(cluster, Store(tmp_path / "state.db"), policy, cfg, log=print)
     record = tmp_path / "seen"
