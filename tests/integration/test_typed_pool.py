@@ -11,7 +11,6 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,8 +161,8 @@ def test_a_move_between_types_at_the_same_count_holds_the_new_shape(typed_pool: 
     pool, user = typed_pool, "hpcorch-alice"
     if os.geteuid() != 0 or subprocess.run(["id", user], capture_output=True).returncode:
         pytest.skip(f"needs root and the user {user} (tests/integration/users.py)")
-    work = Path(tempfile.mkdtemp(prefix="hpcorch-move-", dir="/tmp"))
-    work.chmod(0o777)
+    work = world_dir("hpcorch-move-")
+    shutil.chown(work, user, user)  # the job's own directory: it writes its output there
     script = work / "sleeper.sh"
     script.write_text("#!/bin/sh\nsleep 300\n")
     script.chmod(0o755)
