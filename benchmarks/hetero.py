@@ -46,8 +46,8 @@ from hpcorch.policy import make_policy
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import Policy
 from hpcorch.policy.typewrap import PerType, TypeBlind
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
-from hpcorch.sim.loop import SimConfig
 from hpcorch.sim.regime import Regime
 from hpcorch.sim.report import table
 from hpcorch.sim.traces import default_data_dir, load_apps

@@ -1,18 +1,24 @@
-"""Every policy in both information regimes, beside Pollux's published figures.
+"""Every policy in the information regimes, beside Pollux's published figures.
 
     python benchmarks/regimes.py [--policies ones,tiresias,fifo] [--loads 1.0,0.5]
-                                 [--workloads 1,3,6] [--procs 2] [--engine direct|controller]
-                                 [--robustness] [--save FILE.json] [--load-results FILE.json]
+                                 [--regimes known,cold,no-length,half-length]
+                                 [--workloads 1,3,6] [--seeds 0,1] [--procs 2]
+                                 [--engine direct|controller] [--robustness]
+                                 [--save FILE.json] [--load-results FILE.json]
 
 ``known``: jobs of one application share what was learned of them (the bundled workloads
 run one model per application). ``cold``: every job is new: its own application, no
-completed-job history (``hpcorch simulate --regime cold``). With ``--robustness`` ONES also
-runs with every job declaring half and twice the epochs it needs (in both regimes) and
-with every other job new (``mixed``). Prints, per load, average and p99 JCT per workload,
-the means and their ratio to Pollux, and the issue's targets for ONES. ``--save`` keeps the
-raw figures; ``--load-results`` prints the tables of a saved run again. The policy
-``ones+truth`` is ONES shown every job's true step times from its start: it separates
-learning a job's scaling from scoring schedules.
+completed-job history (``hpcorch simulate --regime cold``). ``no-length``: cold, and no
+job declares how long it trains (no epochs, no dataset size: the controller shows its
+placeholders); ``half-length``: cold, and every other job (by arrival) declares it. With
+``--robustness`` ONES also runs with every job declaring half and twice the epochs it
+needs (known and cold) and with every other job new (``mixed``). Prints, per load, average
+and p99 JCT per workload, the means and their ratio to Pollux, and the issue's targets for
+ONES; with several ``--seeds`` a figure is the mean over the seeds, and the targets' lines
+give each seed's mean beside it. ``--save`` keeps the raw figures; ``--load-results``
+prints the tables of a saved run again. The policy ``ones+truth`` is ONES shown every
+job's true step times from its start: it separates learning a job's scaling from scoring
+schedules.
 """
 
 from __future__ import annotations
@@ -34,21 +40,24 @@ import numpy as np
 
 from hpcorch.policy import make_policy
 from hpcorch.policy.types import Plan, Policy, Snapshot, StepSample
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
-from hpcorch.sim.loop import SimConfig, simulate
+from hpcorch.sim.loop import simulate
 from hpcorch.sim.regime import Regime
 from hpcorch.sim.report import table
 from hpcorch.sim.traces import AppTrace, default_data_dir, load_apps
 from hpcorch.sim.workload import load_workload
 
-# (regime, declared epochs factor): the two regimes, then the robustness variants
-REGIMES = [("known", 1.0), ("cold", 1.0)]
+# (regime, declared epochs factor): the main regimes, then the robustness variants
+REGIMES = [("known", 1.0), ("cold", 1.0), ("no-length", 1.0), ("half-length", 1.0)]
+MAIN = tuple(r for r, _ in REGIMES)
 ROBUST = [("known", 0.5), ("known", 2.0), ("cold", 0.5), ("cold", 2.0), ("mixed", 1.0)]
-# the issue's targets for ONES: mean avg JCT / Pollux's published, per regime and load
+# the targets for ONES: mean avg JCT / Pollux's published, per regime and load
 TARGETS = {("cold", "1.0"): 0.85, ("cold", "0.5"): 0.92, ("known", "1.0"): 0.78,
-           ("known", "0.5"): 0.88}  # fmt: skip
+           ("known", "0.5"): 0.88, ("no-length", "1.0"): 0.90,
+           ("no-length", "0.5"): 0.90}  # fmt: skip
 
-Task = tuple[str, str, str, str, str, float, str]
+Task = tuple[str, str, str, str, str, float, str, int]
 TRUTH = "ones+truth"
 """ONES shown every job's true step time at every configuration from its start (not a
 schedule that can ship: it separates learning a job's scaling from scoring schedules)."""
@@ -85,13 +94,16 @@ class WithTruth:
 
 
 def run_one(task: Task) -> dict[str, object]:
-    data, load, workload, policy, regime, epochs, engine = task
+    data, load, workload, policy, regime, epochs, engine, seed = task
     apps = load_apps(Path(data))
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
-    cfg = SimConfig(regime=Regime(regime, epochs))
+    cfg = SimConfig(regime=Regime.named(regime, epochs))
     run = simulate if engine == "direct" else simulate_controlled
     t0, c0 = time.perf_counter(), time.process_time()
-    pol = WithTruth(make_policy("ones"), apps) if policy == TRUTH else make_policy(policy)
+    if policy == TRUTH:
+        pol: Policy = WithTruth(make_policy("ones", seed), apps)
+    else:
+        pol = make_policy(policy, seed)
     res = run(jobs, pol, apps, cfg)
     return {
         "load": load,
@@ -99,6 +111,7 @@ def run_one(task: Task) -> dict[str, object]:
         "policy": policy,
         "regime": regime,
         "epochs": epochs,
+        "seed": seed,
         "engine": engine,
         "wall_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - c0,
@@ -121,10 +134,17 @@ def _label(policy: str, regime: str, epochs: float) -> str:
 
 
 def _pick(rows: list[dict[str, object]], w: str, col: tuple[str, str, float], key: str) -> float:
-    for r in rows:
-        if (r["workload"], r["policy"], r["regime"], r["epochs"]) == (w, *col):
-            return float(r[key])  # type: ignore[arg-type]
-    return float("nan")
+    """The mean over the seeds of ``key`` of workload ``w`` in column ``col``."""
+    vals = [
+        float(r[key])  # type: ignore[arg-type]
+        for r in rows
+        if (r["workload"], r["policy"], r["regime"], r["epochs"]) == (w, *col)
+    ]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def _seeds(rows: list[dict[str, object]]) -> list[int]:
+    return sorted({int(r.get("seed", 0)) for r in rows})  # type: ignore[call-overload]
 
 
 def report(data: Path, load: str, rows: list[dict[str, object]]) -> None:
@@ -132,13 +152,16 @@ def report(data: Path, load: str, rows: list[dict[str, object]]) -> None:
     workloads = sorted({str(r["workload"]) for r in rows}, key=lambda w: int(w.split("-")[1]))
     cols = sorted(
         {(str(r["policy"]), str(r["regime"]), float(r["epochs"])) for r in rows},  # type: ignore[arg-type]
-        key=lambda c: (c[0] != "ones", c[0], c[2] != 1.0, c[1], c[2]),
-    )
-    main = [c for c in cols if c[2] == 1.0 and c[1] in ("known", "cold")]
+        key=lambda c: (c[0] != "ones", c[0], c[2] != 1.0, c[1] not in MAIN,
+                       MAIN.index(c[1]) if c[1] in MAIN else 0, c[1], c[2]),
+    )  # fmt: skip
+    main = [c for c in cols if c[2] == 1.0 and c[1] in MAIN]
     extra = [c for c in cols if c not in main]
     pol_mean = float(np.mean([pub[w][0] for w in workloads]))
     pol_p99 = float(np.mean([pub[w][1] for w in workloads]))
     engine = {str(r["engine"]) for r in rows}
+    seeds = _seeds(rows)
+    over = f", mean over seeds {', '.join(map(str, seeds))}" if len(seeds) > 1 else ""
     for title, key, idx, sel in (
         ("average JCT", "avg_jct", 0, main),
         ("p99 JCT", "p99_jct", 1, main),
@@ -146,7 +169,10 @@ def report(data: Path, load: str, rows: list[dict[str, object]]) -> None:
     ):
         if not sel:
             continue
-        print(f"\n## Load {load}: {title} (s) per workload, engine {', '.join(sorted(engine))}\n")
+        print(
+            f"\n## Load {load}: {title} (s) per workload, engine {', '.join(sorted(engine))}"
+            f"{over}\n"
+        )
         body: list[list[object]] = [
             [w, *(_pick(rows, w, c, key) for c in sel), pub[w][idx]] for w in workloads
         ]
@@ -154,15 +180,17 @@ def report(data: Path, load: str, rows: list[dict[str, object]]) -> None:
         mean = np.nanmean(vals, axis=0)
         ref = pol_mean if idx == 0 else pol_p99
         worst = np.nanmax(vals[:, :-1] / vals[:, -1:], axis=0)
+        above = np.sum(vals[:, :-1] > vals[:, -1:], axis=0)
         print(
             table(
                 ["workload", *(_label(*c) for c in sel), "pollux (pub)"],
                 [*body, ["mean", *mean], ["mean / pollux", *(mean / ref)],
-                 ["worst workload / pollux", *worst, 1.0]],
+                 ["worst workload / pollux", *worst, 1.0],
+                 ["workloads above pollux", *above, 0]],
             )
         )  # fmt: skip
     print(f"\n## Load {load}: ONES against the targets\n")
-    for regime in ("known", "cold"):
+    for regime in MAIN:
         col = ("ones", regime, 1.0)
         if col not in main:
             continue
@@ -174,9 +202,18 @@ def report(data: Path, load: str, rows: list[dict[str, object]]) -> None:
         print(
             f"ones {regime}: mean avg JCT {np.mean(avg):.0f} s = {np.mean(avg) / pol_mean:.3f} x "
             f"Pollux {pol_mean:.0f} s{aim}; worst workload {worst:.3f} x; mean p99 "
-            f"{np.mean(p99):.0f} s vs Pollux {pol_p99:.0f} s"
+            f"{np.mean(p99):.0f} s = {np.mean(p99) / pol_p99:.3f} x Pollux {pol_p99:.0f} s"
         )
         sel_rows = [r for r in rows if (r["policy"], r["regime"], r["epochs"]) == col]
+        if len(seeds) > 1:
+            per_seed = []
+            for seed in seeds:
+                mine = [r for r in sel_rows if int(r.get("seed", 0)) == seed]  # type: ignore[call-overload]
+                if len(mine) == len(workloads):
+                    a = np.mean([float(r["avg_jct"]) for r in mine])  # type: ignore[arg-type]
+                    q = np.mean([float(r["p99_jct"]) for r in mine])  # type: ignore[arg-type]
+                    per_seed.append(f"seed {seed}: {a / pol_mean:.3f} x / p99 {q / pol_p99:.3f} x")
+            print("  per seed (avg / p99 against Pollux): " + "; ".join(per_seed))
         dec = [float(r["decision_ms_mean"]) for r in sel_rows]  # type: ignore[arg-type]
         mx = [float(r["decision_ms_max"]) for r in sel_rows]  # type: ignore[arg-type]
         cpu = [float(r["cpu_s"]) for r in sel_rows]  # type: ignore[arg-type]
@@ -195,7 +232,10 @@ def main() -> None:
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--engine", choices=["direct", "controller"], default="controller")
     ap.add_argument("--robustness", action="store_true")
-    ap.add_argument("--regimes", default="known,cold", help="of the main two, e.g. cold")
+    ap.add_argument(
+        "--regimes", default=",".join(MAIN), help=f"of the main ones ({', '.join(MAIN)})"
+    )
+    ap.add_argument("--seeds", default="0", help="the policies' seeds, e.g. 0,1")
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--save", type=Path, default=None)
     ap.add_argument("--load-results", type=Path, default=None)
@@ -213,16 +253,27 @@ def main() -> None:
 def sweep(args: argparse.Namespace, data: Path, loads: list[str]) -> list[dict[str, object]]:
     policies = [p for p in args.policies.split(",") if p]
     only = {f"workload-{w}" for w in args.workloads.split(",") if w}
+    try:
+        seeds = [int(x) for x in args.seeds.split(",") if x]
+    except ValueError:
+        raise SystemExit(f"--seeds: not a list of integers: {args.seeds!r}") from None
+    wanted = [r for r in args.regimes.split(",") if r]
+    if unknown := set(wanted) - set(MAIN):
+        raise SystemExit(
+            f"--regimes: unknown {', '.join(sorted(unknown))} (valid: {', '.join(MAIN)})"
+        )
     tasks: list[Task] = []
     for load in loads:
         for path in sorted((data / "workloads" / f"load-{load}").glob("workload-*.csv")):
             if only and path.stem not in only:
                 continue
             for policy in policies:
-                main = [r for r in REGIMES if r[0] in args.regimes.split(",")]
+                main = [r for r in REGIMES if r[0] in wanted]
                 variants = main + (ROBUST if args.robustness and policy == "ones" else [])
                 for regime, epochs in variants:
-                    tasks.append((str(data), load, path.stem, policy, regime, epochs, args.engine))
+                    for seed in seeds:
+                        task = (str(data), load, path.stem, policy, regime, epochs, args.engine)
+                        tasks.append((*task, seed))
     tasks.sort(key=lambda t: (t[3] != "ones", t[1] != "1.0"))  # longest first
     results: list[dict[str, object]] = []
     t0 = time.perf_counter()
@@ -232,7 +283,8 @@ def sweep(args: argparse.Namespace, data: Path, loads: list[str]) -> list[dict[s
             name = _label(str(res["policy"]), str(res["regime"]), float(str(res["epochs"])))
             print(
                 f"[{i}/{len(tasks)} {time.perf_counter() - t0:6.0f} s] {res['load']} "
-                f"{res['workload']} {name}: avg JCT {res['avg_jct']:.0f} s",
+                f"{res['workload']} {name} seed {res['seed']}: avg JCT {res['avg_jct']:.0f} s, "
+                f"p99 {res['p99_jct']:.0f} s",
                 file=sys.stderr,
                 flush=True,
             )

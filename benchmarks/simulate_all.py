@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from hpcorch.policy import POLICIES, make_policy
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.costs import ResizeCost
-from hpcorch.sim.loop import SimConfig, simulate
+from hpcorch.sim.loop import simulate
 from hpcorch.sim.report import table
 from hpcorch.sim.traces import default_data_dir, load_apps
 from hpcorch.sim.workload import load_workload

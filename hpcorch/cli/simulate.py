@@ -15,12 +15,13 @@ from hpcorch.cli import params
 from hpcorch.gputypes import TYPE_RE
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.sim import costs, loop
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import load_speeds
-from hpcorch.sim.loop import SimConfig, SimResult
-from hpcorch.sim.regime import REGIMES, Regime
+from hpcorch.sim.loop import SimResult
+from hpcorch.sim.regime import LENGTHS, REGIMES, Regime
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
 from hpcorch.sim.traces import TraceError, default_data_dir, load_apps, scale_apps
 from hpcorch.sim.workload import WorkloadError, WorkloadJob, load_workload
@@ -295,7 +296,16 @@ def _progress(total: int) -> Any:
     show_default=True,
     help="What the policy knows of a job before it runs. known: jobs of one application "
     "share what was learned of them; cold: every job is new (its own application, no "
-    "completed-job history); mixed: every other job (by arrival) is new.",
+    "completed-job history); mixed: every other job (by arrival) is new; no-length: cold, "
+    "and no job declares how long it trains (epochs, dataset size); half-length: cold, and "
+    "every other job declares it.",
+)
+@click.option(
+    "--lengths",
+    type=click.Choice(list(LENGTHS)),
+    default=None,
+    help="Which jobs declare their length: all, none, or half (every other one by arrival) "
+    "[default: the regime's: none for no-length, half for half-length, else all].",
 )
 @click.option(
     "--declared-epochs",
@@ -364,6 +374,7 @@ def simulate(
     data: Path | None,
     engine: str,
     regime: str,
+    lengths: str | None,
     declared_epochs: float,
     time_scale: float,
     gpu_types: str,
@@ -417,7 +428,7 @@ def simulate(
         cpus_per_node=cpus_per_node,
         cpu_demand=demand,
         cpus_per_gpu=cpus_per_gpu,
-        regime=Regime(regime, declared_epochs),
+        regime=Regime.named(regime, declared_epochs, lengths),
         gpu_types=typed,
     )
     total = sum(len(jobs) for _, jobs in loaded) * len(names)
@@ -456,7 +467,7 @@ def simulate(
     if as_json:
         doc = {
             "results": [
-                {"workload": stem, "policy": r.policy, "regime": regime, **r.summary()}
+                {"workload": stem, "policy": r.policy, "regime": config.regime.name, **r.summary()}
                 for stem, r in results
             ]
         }

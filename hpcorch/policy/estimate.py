@@ -16,6 +16,7 @@ import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
 from hpcorch.model.throughput import Network, ThroughputModel, learn_network
+from hpcorch.policy.lengths import unknown_work
 from hpcorch.policy.pooling import model_keys, pooled_profiles
 from hpcorch.policy.types import JobView, Snapshot
 
@@ -61,6 +62,7 @@ def estimate(
     first_gpus: int = 1,
     network: Network | None = None,
     keys: tuple[dict[str, str], dict[str, str]] | None = None,
+    departed: np.ndarray | None = None,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
@@ -69,7 +71,9 @@ def estimate(
     ``network``: the seconds per gradient byte to model with (a previous round's
     ``Estimates.network``); None: learned from this round's measurements first.
     ``keys``: the pooling keys of the jobs and the completed jobs, where the caller has
-    them (:func:`hpcorch.policy.pooling.model_keys`).
+    them (:func:`hpcorch.policy.pooling.model_keys`). ``departed``: GPU-seconds of jobs that
+    left the pool beyond the snapshot's history, for the jobs of unknown length
+    (:mod:`hpcorch.policy.lengths`).
     """
     jobs = snapshot.jobs
     n = len(jobs)
@@ -119,6 +123,7 @@ def estimate(
     batch = np.zeros((n, width), dtype=np.int64)
     speed_now = np.zeros((n, width))
     remaining = np.zeros(n)
+    units = np.zeros(n)  # remaining progress units each row stands for
     for (mk, *_), idx in groups.items():
         model = models[mk]
         j0 = jobs[idx[0]]
@@ -160,6 +165,7 @@ def estimate(
                 rho = np.array([cur])
                 work = np.array([0.05 * j.progress_per_epoch_hint])
             seg_w, seg_rho = _segments(work, rho)
+            units[i] = float(seg_w.sum())
             # seconds per unit of progress: (S, G, K)
             gn = _gain(eff[None, :, :], j.min_batch, seg_rho[:, None, None])
             per = it[None, :, :] / gn
@@ -188,7 +194,12 @@ def estimate(
                 time[i, g0] = float((seg_w * float(it0[0]) / gain0).sum())
                 batch[i, g0] = j.batch
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
-    _typical_length(jobs, time, remaining, gmin)
+    if not all(j.length_known for j in jobs):
+        factor = unknown_work(
+            jobs, snapshot.history, key, hist_key, departed, one_gpu_time(time, gmin), units
+        )
+        time *= factor[:, None]
+        remaining *= factor
     return Estimates(
         jobs=jobs,
         time=time,
@@ -214,28 +225,6 @@ def one_gpu_time(time: np.ndarray, gmin: np.ndarray) -> np.ndarray:
     rows = np.flatnonzero(ok)
     out[rows] = time[rows, g0[rows]] * g0[rows]
     return out
-
-
-def _typical_length(
-    jobs: tuple[JobView, ...], time: np.ndarray, remaining: np.ndarray, gmin: np.ndarray
-) -> None:
-    """A job of unknown length (``JobView.length_known`` False: one placeholder epoch of
-    one step, a fraction of a second) is scaled, in place, to the median remaining work
-    of the jobs whose length is known, keeping its own speed-up over GPU counts; without
-    any such job all are alike and left as they are."""
-    unknown = np.array([not j.length_known for j in jobs], dtype=bool)
-    if not unknown.any() or unknown.all():
-        return
-    work = one_gpu_time(time, gmin)
-    known = work[~unknown]
-    known = known[np.isfinite(known)]
-    if not len(known):
-        return
-    typical = float(np.median(known))
-    for i in np.flatnonzero(unknown):
-        if np.isfinite(work[i]) and work[i] > 0:
-            time[i] *= typical / work[i]
-            remaining[i] *= typical / work[i]
 
 
 SEGMENTS = 6

@@ -37,6 +37,9 @@ from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
 from hpcorch.policy.types import JobView, Plan, Snapshot
 
+DEPARTED_KEEP = 2000
+"""Jobs that left the pool whose GPU-seconds ONES remembers (the newest)."""
+
 
 @dataclass
 class OnesPolicy:
@@ -90,8 +93,11 @@ class OnesPolicy:
     _probing: dict[str, float] = field(default_factory=dict)
     _typed_pop: list[dict[str, tuple[str, int]]] = field(default_factory=list)
     _type_speeds: dict[str, dict[str, float]] = field(default_factory=dict)
+    _served: dict[str, float] = field(default_factory=dict)
+    _departed: dict[str, float] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
+        self.remember(snapshot)
         if snapshot.gpu_types:  # type, GPUs and batch per job; one type per launch, also
             return schedule_types(self, snapshot)  # where the site would let it mix them
         rng = self.random()
@@ -101,6 +107,7 @@ class OnesPolicy:
             gpu_cap=self.max_job_gpus,
             first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
             network=self._network,
+            departed=self.departed(),
         )
         self._network = est.network  # the next round models with what this one learned
         jobs = est.jobs
@@ -155,6 +162,23 @@ class OnesPolicy:
         if self.probe:
             plan = probe_batches(jobs, est, plan)
         return fit_cpus(snapshot, plan)
+
+    def remember(self, snapshot: Snapshot) -> None:
+        """Note the GPU-seconds of the jobs that left the pool since the last round (the
+        sizes a job of unknown length is weighed against: :mod:`hpcorch.policy.lengths`;
+        the most recent ``DEPARTED_KEEP``)."""
+        here = {j.job_id: j.attained_service for j in snapshot.jobs}
+        for job_id, served in self._served.items():
+            if job_id not in here and served > 0:
+                self._departed.pop(job_id, None)
+                self._departed[job_id] = served
+        while len(self._departed) > DEPARTED_KEEP:
+            self._departed.pop(next(iter(self._departed)))
+        self._served = here
+
+    def departed(self) -> np.ndarray:
+        """GPU-seconds each remembered job that left the pool had used."""
+        return np.fromiter(self._departed.values(), dtype=float, count=len(self._departed))
 
     def random(self) -> np.random.Generator:
         """The search's random numbers, one stream across rounds (from ``seed``)."""

@@ -17,24 +17,54 @@ individual is placed type by type on that type's nodes
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
+from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
-from hpcorch.policy.estimate import one_gpu_time
+from hpcorch.policy.estimate import Estimates, one_gpu_time
 from hpcorch.policy.ones_ops import grow, trim
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
 from hpcorch.policy.typed import TypedEstimates, type_estimates
-from hpcorch.policy.types import JobPlan, Plan, Snapshot
-
-if TYPE_CHECKING:
-    from hpcorch.policy.ones import OnesPolicy
+from hpcorch.policy.types import JobPlan, JobView, Plan, Snapshot
 
 
-def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
+class TypedSearch(Protocol):
+    """What the search over types needs of its policy
+    (:class:`hpcorch.policy.ones.OnesPolicy`): its settings, its value table and the state
+    it keeps across rounds."""
+
+    population: int
+    generations: int
+    elite: int
+    explore: float
+    max_job_gpus: int
+    first_gpus: int
+    min_resize_s: float
+    probe: bool
+    probe_hold_s: float
+    _network: Network | None
+    _typed_pop: list[dict[str, tuple[str, int]]]
+    _type_speeds: dict[str, dict[str, float]]
+
+    def random(self) -> np.random.Generator: ...
+
+    def departed(self) -> np.ndarray: ...
+
+    def time_value(
+        self, snapshot: Snapshot, est: Estimates, cur: np.ndarray, ending: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def weigh(self, value: np.ndarray, work: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray: ...
+
+    def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray: ...
+
+
+def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
     """``policy``'s plan on a pool of several GPU types (no launch spans two)."""
     rng = policy.random()
     te = type_estimates(
@@ -44,6 +74,7 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
         first_gpus=policy.first_gpus,
         network=policy._network,
         memory=policy._type_speeds,
+        departed=policy.departed(),
     )
     policy._network = te.est[0].network
     jobs = snapshot.jobs
@@ -105,7 +136,7 @@ def schedule_types(policy: OnesPolicy, snapshot: Snapshot) -> Plan:
 
 
 def _values(
-    policy: OnesPolicy, snapshot: Snapshot, te: TypedEstimates, cur_k: np.ndarray
+    policy: TypedSearch, snapshot: Snapshot, te: TypedEstimates, cur_k: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(value[j, t, g], gmax[j, t], gmin[j, t]) over every type; ``cur_k``: each job's
     current type index (-1: none)."""
@@ -242,7 +273,7 @@ class _TypedOps:
 
 
 def _place(
-    policy: OnesPolicy,
+    policy: TypedSearch,
     snapshot: Snapshot,
     te: TypedEstimates,
     value: np.ndarray,

@@ -244,10 +244,11 @@ def type_estimates(
     first_gpus: int = 0,
     network: Network | None = None,
     memory: dict[str, dict[str, float]] | None = None,
+    departed: np.ndarray | None = None,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
     cap of a never-measured application (0: one node of the type). ``memory``: see
-    :func:`type_speeds`.
+    :func:`type_speeds`. ``departed``: as :func:`hpcorch.policy.estimate.estimate`'s.
 
     A job measured on no type at all is modelled as a typical job on every type (the
     throughput model's prior), sped up by each type's relative speed."""
@@ -268,6 +269,7 @@ def type_estimates(
             first_gpus=first_gpus or max(view.node_gpus, default=1),
             network=network,
             keys=keys,
+            departed=departed,
         )
         network = network or e.network
         new = [

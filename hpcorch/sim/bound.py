@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hpcorch.planner import plan_batch
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
-
-if TYPE_CHECKING:
-    from hpcorch.sim.loop import SimConfig
 
 _CACHE: dict[tuple[int, str, int, int], tuple[float, float]] = {}
 

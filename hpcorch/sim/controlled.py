@@ -30,10 +30,11 @@ from hpcorch.controller.reconcile import Settings
 from hpcorch.controller.store import Store
 from hpcorch.policy.types import Plan, Policy, Snapshot
 from hpcorch.sim.bound import lower_bound
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import TypedPool
-from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimConfig, SimResult
+from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimResult
 from hpcorch.sim.regime import in_regime
 from hpcorch.sim.slurm_side import SimSlurm
 from hpcorch.sim.traces import AppTrace
@@ -118,6 +119,7 @@ def simulate_controlled(
         cpu_demand=dict(cfg.cpu_demand),
         fixed_cpus=cfg.cpus_per_gpu,
         typed=typed,
+        declares=cfg.regime.declares,
     )
     loop_cfg = LoopConfig(
         interval_s=interval_s,
@@ -128,7 +130,9 @@ def simulate_controlled(
         mix_types=mix_types,
         settings=rules,
     )
-    policy = in_regime(policy, cfg.regime)
+    # the jobs themselves leave out the length they do not declare (the controller shows
+    # them with its placeholders): the policy's view changes only what is pooled
+    policy = in_regime(policy, replace(cfg.regime, lengths="all"))
     timed = _Timed(policy, policy.name)
     cycles = 0
     with tempfile.TemporaryDirectory(prefix="hpcorch-sim-") as tmp:

@@ -16,10 +16,13 @@ from hpcorch.sim.workload import WorkloadJob
 INF = math.inf
 
 
-def job_tags(spec: WorkloadJob, app: AppTrace, total_gpus: int, job_dir: str) -> dict[str, str]:
-    """The hpcorch comment of a managed submission of ``spec`` (bounds as the direct loop)."""
+def job_tags(
+    spec: WorkloadJob, app: AppTrace, total_gpus: int, job_dir: str, declares_length: bool = True
+) -> dict[str, str]:
+    """The hpcorch comment of a managed submission of ``spec`` (bounds as the direct loop);
+    ``declares_length``: its user gave ``--epochs`` and ``--dataset-size``."""
     cap = min(total_gpus, app.max_batch // app.min_micro)
-    return {
+    tags = {
         "id": spec.name,
         "min": "1",
         "max": str(max(cap, min(spec.num_replicas, total_gpus))),
@@ -30,10 +33,11 @@ def job_tags(spec: WorkloadJob, app: AppTrace, total_gpus: int, job_dir: str) ->
         "reqbatch": str(spec.batch_size),
         "app": spec.application,
         "dir": job_dir,
-        # the length a user declares at submission: epochs and samples per epoch
-        "epochs": str(app.epochs),
-        "dataset": str(max(1, round(app.progress_per_epoch_hint * app.init_batch))),
     }
+    if declares_length:  # the length a user declares at submission: epochs, samples per epoch
+        tags["epochs"] = str(app.epochs)
+        tags["dataset"] = str(max(1, round(app.progress_per_epoch_hint * app.init_batch)))
+    return tags
 
 
 @dataclass
@@ -51,6 +55,8 @@ class SlurmJob:
     slurm_id: int
     model: SimJob
     tags: dict[str, str]
+    declares_length: bool = True
+    """Its user and its script say how long it trains (epochs, dataset size)."""
     state: str = "PENDING"
     held: bool = True
     shape: Shape | None = None

@@ -19,10 +19,11 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
   Slurm;
 * ``write_plan`` of a running job's own launch number (a batch-only change) is taken at
   the job's next step, without a restart, as the runtime does;
-* ``read_metrics`` returns the lines a real job writes: a ``start`` event once training
-  begins (epochs, dataset size), then ``steps`` lines at most every ``report_s`` seconds
-  (measured step time at the current configuration, step count, epoch, batch split,
-  samples/s and the gradient noise scale);
+* ``read_metrics`` returns the lines a real job writes (:mod:`hpcorch.sim.job_side`): a
+  ``start`` event once training begins (its model; epochs and dataset size unless the job
+  declares no length: ``declares``), then ``steps`` lines at most every ``report_s``
+  seconds (measured step time at the current configuration, step count, epoch, batch
+  split, samples/s and the gradient noise scale);
 * a job that reaches its last epoch exits 0 (COMPLETED) and frees its GPUs,
   ``cost.finish_s`` after its last step (its final checkpoint and teardown).
 
@@ -34,17 +35,18 @@ happens, so it can skip the cycles in which nothing would.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError
-from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
+from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import EXIT_DONE
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import TypedPool
-from hpcorch.sim.slurm_jobs import INF, Checkpoint, SlurmJob, job_tags
+from hpcorch.sim.job_side import checkpoint, flush, iteration_time, line, report, restore, set_batch
+from hpcorch.sim.slurm_jobs import INF, SlurmJob, job_tags
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -73,7 +75,10 @@ class SimSlurm:
         cpu_demand: Mapping[str, float] | None = None,
         fixed_cpus: int = 0,
         typed: TypedPool | None = None,
+        declares: Callable[[int], bool] | None = None,
     ) -> None:
+        """``declares(i)``: whether the ``i``-th job of ``jobs`` declares its length
+        (its comment and its start event carry epochs and dataset size; default: all)."""
         self.cost = cost or ResizeCost()
         self.world = SimCluster(
             list(jobs), apps, node_gpus, self.cost.startup_s, node_cpus, cpu_demand
@@ -97,7 +102,9 @@ class SimSlurm:
         for i, model in enumerate(self.world.jobs):
             sid = FIRST_JOB_ID + i
             job_dir = f"{JOB_DIR_PREFIX}{model.spec.name}"
-            sj = SlurmJob(sid, model, job_tags(model.spec, model.app, total, job_dir))
+            says = declares is None or declares(i)
+            tags = job_tags(model.spec, model.app, total, job_dir, says)
+            sj = SlurmJob(sid, model, tags, declares_length=says)
             self.jobs.append(sj)
             self._by_id[sid] = sj
             self._by_dir[job_dir] = sj
@@ -209,7 +216,7 @@ class SimSlurm:
         now = self.world.now
         j.signalled_at = now
         if j.stop_at is None:
-            self._flush(j, now)
+            flush(j, now)
             j.first_signal = now
             j.stop_at = now + self.cost.stop_s
             j.finish_at = INF
@@ -225,7 +232,7 @@ class SimSlurm:
             return
         if j.state == "RUNNING":  # killed: back to its last checkpoint
             self._end(j, "CANCELLED", 0, self.world.now)
-            self._restore(j)
+            restore(j)
         j.state, j.held, j.exit_code = "PENDING", True, 0
         j.restarts += 1
         j.nodes = j.counts = ()
@@ -309,7 +316,7 @@ class SimSlurm:
                 if j.model.completion_time is not None:  # its last step was before: it ends
                     self._end(j, "COMPLETED", EXIT_DONE, j.stop_at or now)
                     continue
-                self._checkpoint(j)
+                checkpoint(j)
                 self._requeue_self(j, j.stop_at or now)
             self._dispatch()
             if now >= end:
@@ -340,22 +347,22 @@ class SimSlurm:
             trained = m.run_time - before_run - startup
             if not j.training and m.rescale_left <= 0:
                 j.training = True
-                self._line(j, now + startup, "start")
+                line(j, now + startup, "start")
             if trained > 0:
-                it = self._iteration_time(j)
+                it = iteration_time(j)
                 j.steps += trained / it
                 j.win_steps += trained / it
                 j.win_seconds += trained
             if m.completion_time is not None:
-                self._report(j, m.completion_time, force=True)
-                self._line(j, m.completion_time, "done")
+                report(j, m.completion_time, force=True)
+                line(j, m.completion_time, "done")
                 if self.cost.finish_s > 0:  # ends in Slurm later, holding its GPUs till then
                     j.stop_at = m.completion_time + self.cost.finish_s
                     j.finish_at = INF
                 else:
                     self._end(j, "COMPLETED", EXIT_DONE, m.completion_time)
             elif j.win_seconds > 0 and now + dt - j.last_line >= self.report_s:
-                self._report(j, now + dt)
+                report(j, now + dt)
 
     # --- launches -----------------------------------------------------------------------
     def _used(self) -> tuple[list[int], list[int]]:
@@ -430,7 +437,7 @@ class SimSlurm:
         m.placement = tuple(zip(nodes, counts, strict=True))
         if self.typed is not None:
             m.app = self.typed.app_on(m.spec.application, nodes)
-        self._set_batch(j, j.plan)
+        set_batch(j, j.plan)
         m.rescale_left = self.cost.startup(sum(counts))
         j.train_at = now + m.rescale_left
         m.restarts += 1
@@ -440,26 +447,11 @@ class SimSlurm:
         j.last_line = -1e18
         j.finish_at = now + m.time_to_finish(now)
 
-    def _set_batch(self, j: SlurmJob, plan: LaunchPlan | None) -> None:
-        """The batch split the runtime derives from ``plan`` on the job's GPUs."""
-        m = j.model
-        gpus = m.gpus
-        want = plan.global_batch if plan else int(j.tags["batch"])
-        micro_cap = plan.max_micro_batch if plan else m.app.max_micro
-        try:
-            bp = plan_batch(max(want, gpus), gpus, micro_cap)
-        except BatchPlanError:
-            bp = plan_batch(gpus, gpus, 1)
-        # Below the smallest measured per-GPU batch a step takes as long as at that batch.
-        app = m.app
-        m.batch, m.accum_steps, j.micro = bp.global_batch, bp.accum_steps, bp.micro_batch
-        m.micro_batch = min(max(bp.micro_batch, app.min_micro), app.max_micro)
-
     def _rebatch(self, j: SlurmJob, plan: LaunchPlan) -> None:
         """A new global batch for the running launch, taken at its next step."""
         now = self.world.now
-        self._flush(j, now)
-        self._set_batch(j, plan)
+        flush(j, now)
+        set_batch(j, plan)
         if j.stop_at is None:
             j.finish_at = now + j.model.time_to_finish(now)
 
@@ -490,69 +482,6 @@ class SimSlurm:
         j.restarts += 1
         j.nodes = j.counts = ()
         self._admin_held.discard(j.slurm_id)
-
-    # --- checkpoints --------------------------------------------------------------------
-    def _checkpoint(self, j: SlurmJob) -> None:
-        m = j.model
-        j.ckpt = Checkpoint(m.progress, m.epoch, j.steps, len(m.grad_history))
-
-    def _restore(self, j: SlurmJob) -> None:
-        m, c = j.model, j.ckpt
-        m.progress, m.epoch, j.steps = c.progress, c.epoch, c.steps
-        del m.grad_history[c.history :]
-
-    # --- what the job reports -----------------------------------------------------------
-    def _iteration_time(self, j: SlurmJob) -> float:
-        """Seconds per optimizer step of the running launch (the true model's)."""
-        return j.model.iteration_time()[0]
-
-    def _line(self, j: SlurmJob, at: float, event: str) -> None:
-        m = j.model
-        line: dict[str, Any] = {"time": at, "event": event, "step": int(j.steps)}
-        if event == "start":
-            app = m.app
-            line["epochs"] = app.epochs
-            line["dataset_size"] = max(1, round(app.progress_per_epoch_hint * app.init_batch))
-            line["epoch"] = m.epoch
-            line["model"] = app.name  # what the runtime reports of its model
-            line["params"] = app.model_bytes // 4
-            line["model_bytes"] = app.model_bytes
-        j.lines.append(line)
-
-    def _flush(self, j: SlurmJob, at: float) -> None:
-        """Report what the running configuration measured before it changes."""
-        if j.training and j.win_seconds > 0:
-            self._report(j, at)
-
-    def _report(self, j: SlurmJob, at: float, force: bool = False) -> None:
-        if j.win_steps <= 0 and not force:
-            return
-        m = j.model
-        it, compute = m.iteration_time()
-        noise = None
-        if m.grad is not None and m.grad[0] > 0:
-            noise = m.grad[1] / m.grad[0] * m.app.init_batch
-        j.lines.append(
-            {
-                "time": at,
-                "event": "steps",
-                "step": int(j.steps),
-                "steps": round(j.win_steps),
-                "step_time": it,
-                "samples_per_s": m.batch / it,
-                "loss": None,
-                "epoch": m.epoch,
-                "global_batch": m.batch,
-                "per_gpu_batch": j.micro,
-                "accum_steps": m.accum_steps,
-                "gpus": m.gpus,
-                "noise_scale": noise,
-            }
-        )
-        if m.cpus_per_gpu > 0:
-            j.lines[-1].update(cpus_per_gpu=m.cpus_per_gpu, data_wait=it - compute)
-        j.win_steps = j.win_seconds = 0.0
-        j.last_line = at
 
     def _type(self, node: int) -> str:
         return self.typed.node_types[node] if self.typed is not None else ""

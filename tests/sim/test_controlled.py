@@ -14,10 +14,11 @@ from hpcorch.policy import make_policy
 from hpcorch.policy.common import place_packed, split_batch
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import JobPlan, Plan, Policy, Snapshot
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
-from hpcorch.sim.loop import SimConfig, SimResult, simulate
+from hpcorch.sim.loop import SimResult, simulate
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob, load_workload
 

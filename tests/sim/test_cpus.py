@@ -20,8 +20,9 @@ from hpcorch.policy.types import (
     StepSample,
     validate_plan,
 )
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.engine import SimCluster, SimJob
-from hpcorch.sim.loop import SimConfig, simulate
+from hpcorch.sim.loop import simulate
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 

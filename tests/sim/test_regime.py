@@ -12,8 +12,9 @@ from click.testing import CliRunner
 from hpcorch.cli import main
 from hpcorch.policy import make_policy
 from hpcorch.policy.types import CompletedJob, JobView, Plan, Policy, Snapshot
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
-from hpcorch.sim.loop import SimConfig, SimResult, simulate
+from hpcorch.sim.loop import SimResult, simulate
 from hpcorch.sim.regime import Regime, regime_view
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob

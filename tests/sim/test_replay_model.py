@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from hpcorch.cli import main
 from hpcorch.policy import make_policy
+from hpcorch.sim.config import SimConfig
 from hpcorch.sim.controlled import simulate_controlled
 from hpcorch.sim.costs import ResizeCost
-from hpcorch.sim.loop import SimConfig
 from hpcorch.sim.traces import AppTrace, TraceError, scale_apps
 from hpcorch.sim.workload import WorkloadJob
 

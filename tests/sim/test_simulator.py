@@ -9,7 +9,8 @@ import pytest
 
 from hpcorch.planner import plan_batch
 from hpcorch.policy import make_policy
-from hpcorch.sim.loop import SimConfig, simulate
+from hpcorch.sim.config import SimConfig
+from hpcorch.sim.loop import simulate
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob, load_workload
 
