@@ -93,6 +93,20 @@ class WithTruth:
         return self.inner.schedule(replace(snapshot, jobs=jobs))
 
 
+def variant(policy: str, seed: int) -> Policy:
+    """``name`` or ``name:field=value:...``: a policy with some of its settings changed
+    (``ones:restarts_per_hour=1``), for measuring a setting before it becomes a default."""
+    name, *settings = policy.split(":")
+    pol = make_policy(name, seed)
+    for item in settings:
+        key, _, raw = item.partition("=")
+        if not hasattr(pol, key):
+            raise SystemExit(f"{name} has no setting {key!r}")
+        kind = type(getattr(pol, key))
+        setattr(pol, key, kind(float(raw)) if kind in (int, float) else kind(raw))
+    return pol
+
+
 def run_one(task: Task) -> dict[str, object]:
     data, load, workload, policy, regime, epochs, engine, seed = task
     apps = load_apps(Path(data))
@@ -103,7 +117,7 @@ def run_one(task: Task) -> dict[str, object]:
     if policy == TRUTH:
         pol: Policy = WithTruth(make_policy("ones", seed), apps)
     else:
-        pol = make_policy(policy, seed)
+        pol = variant(policy, seed)
     res = run(jobs, pol, apps, cfg)
     return {
         "load": load,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,9 @@ class Estimates:
     network: Network | None = None
     """The cluster's seconds per gradient byte learned from this round's models (a policy
     that keeps state passes it to the next round's :func:`estimate`)."""
+    done: np.ndarray | None = None
+    """The work each job has done (:func:`estimate`'s ``done``, in one-GPU seconds at the
+    reference speed): what :mod:`hpcorch.policy.lengths` compares across jobs."""
 
 
 def _grid(job: JobView, gcap: int) -> np.ndarray:
@@ -63,6 +67,8 @@ def estimate(
     network: Network | None = None,
     keys: tuple[dict[str, str], dict[str, str]] | None = None,
     departed: np.ndarray | None = None,
+    done: Mapping[str, float] | None = None,
+    speed: float = 1.0,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
@@ -71,9 +77,12 @@ def estimate(
     ``network``: the seconds per gradient byte to model with (a previous round's
     ``Estimates.network``); None: learned from this round's measurements first.
     ``keys``: the pooling keys of the jobs and the completed jobs, where the caller has
-    them (:func:`hpcorch.policy.pooling.model_keys`). ``departed``: GPU-seconds of jobs that
-    left the pool beyond the snapshot's history, for the jobs of unknown length
-    (:mod:`hpcorch.policy.lengths`).
+    them (:func:`hpcorch.policy.pooling.model_keys`). For the jobs of unknown length
+    (:mod:`hpcorch.policy.lengths`): ``done``, the work each job has done by job id, in
+    seconds of one GPU of the reference speed (a job not in it: its GPU-seconds);
+    ``departed``, the work the jobs that left the pool had done; ``speed``, the speed of
+    this pool's GPUs relative to the reference (a pool of several types:
+    :mod:`hpcorch.policy.typed`).
     """
     jobs = snapshot.jobs
     n = len(jobs)
@@ -124,6 +133,7 @@ def estimate(
     speed_now = np.zeros((n, width))
     remaining = np.zeros(n)
     units = np.zeros(n)  # remaining progress units each row stands for
+    worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
     for (mk, *_), idx in groups.items():
         model = models[mk]
         j0 = jobs[idx[0]]
@@ -196,8 +206,9 @@ def estimate(
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
     if not all(j.length_known for j in jobs):
         factor = unknown_work(
-            jobs, snapshot.history, key, hist_key, departed, one_gpu_time(time, gmin), units
-        )
+            jobs, snapshot.history, (key, hist_key), departed, one_gpu_time(time, gmin) * speed,
+            units, worked,
+        )  # fmt: skip
         time *= factor[:, None]
         remaining *= factor
     return Estimates(
@@ -211,6 +222,7 @@ def estimate(
         network=learn_network([m for m in models.values() if m.model_bytes > 0]),
         speed_now=speed_now,
         remaining=remaining,
+        done=worked,
     )
 
 

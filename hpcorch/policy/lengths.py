@@ -16,16 +16,21 @@ job ranks as a small one; a job that outlived the small ones ranks as one of the
 it has turned out to be among; one that outlived every size seen is expected to run as long
 again as it has (the sizes get one more, at twice the larger of that and the largest seen).
 
+Work is counted in seconds of one GPU at the job's best speed per sample (its progress
+times its model's one-GPU seconds per unit of progress, ``Estimates.done``): unlike
+GPU-seconds held, it does not grow faster for a job given more GPUs than it uses well.
 Which sizes, in order:
 
 1. its application's completed jobs (the pooling key; at least ``MIN_SAME``), in progress
-   units (samples / initial batch, what the job counts whatever its GPUs), against its own
-   progress, where the regime shows that history;
-2. every job that left the pool (completed jobs shown in the history and the jobs a policy
-   saw leave: at least ``MIN_SIZES``), in GPU-seconds, against its attained service;
-3. with neither, the median remaining work of the jobs whose length is known (at least its
-   own attained service);
-4. with nothing at all, as long again as it has run, at least ``FLOOR_S`` GPU-seconds.
+   units (samples / initial batch), against its own progress, where the regime shows that
+   history;
+2. the work of the jobs a policy saw leave the pool (at least ``MIN_SIZES``), against the
+   work it has done;
+3. the GPU-seconds of the completed jobs in the history (at least ``MIN_SIZES``), against
+   its attained service (a policy that has not yet seen jobs leave);
+4. with none of these, the median remaining work of the jobs whose length is known (at
+   least the work it has done);
+5. with nothing at all, as long again as it has run, at least ``FLOOR_S``.
 """
 
 from __future__ import annotations
@@ -59,29 +64,31 @@ def gittins_remaining(sizes: np.ndarray, done: float) -> float:
 def unknown_work(
     jobs: Sequence[JobView],
     history: Sequence[CompletedJob],
-    key: Mapping[str, str],
-    hist_key: Mapping[str, str],
-    sizes: np.ndarray | None,
+    keys: tuple[Mapping[str, str], Mapping[str, str]],
+    departed: np.ndarray | None,
     work: np.ndarray,
     units: np.ndarray,
+    done: np.ndarray,
 ) -> np.ndarray:
     """Factor by which each job's remaining-time row is to be scaled (1 for a job of known
-    length). ``work``: each job's remaining one-GPU seconds as estimated from its
-    placeholders; ``units``: the progress units those stand for; ``sizes``: GPU-seconds
-    of jobs that left the pool, beyond ``history`` (None: none)."""
+    length). ``keys``: the pooling keys of the jobs and of the completed jobs;
+    ``departed``: the work of jobs that left the pool (None: none seen); ``work``: each
+    job's remaining one-GPU seconds as estimated from its placeholders; ``units``: the
+    progress units those stand for; ``done``: the work each job has done (both in the
+    unit of ``departed``)."""
     n = len(jobs)
     factor = np.ones(n)
     unknown = np.array([not j.length_known for j in jobs], dtype=bool)
     if not unknown.any():
         return factor
+    key, hist_key = keys
     same: dict[str, list[float]] = {}
     for h in history:
         if h.progress > 0:
             same.setdefault(hist_key.get(h.job_id, h.application), []).append(h.progress)
-    shown = np.array([h.gpu_seconds for h in history], dtype=float)
-    extra = np.asarray(sizes if sizes is not None else (), dtype=float).ravel()
-    served = np.sort(np.concatenate([shown, extra]))
-    served = served[served > 0]
+    left_by = np.sort(np.asarray(departed if departed is not None else (), dtype=float).ravel())
+    left_by = left_by[left_by > 0]
+    held = np.sort([h.gpu_seconds for h in history if h.gpu_seconds > 0])
     known = work[~unknown]
     known = known[np.isfinite(known) & (known > 0)]
     typical = float(np.median(known)) if len(known) else None
@@ -92,17 +99,12 @@ def unknown_work(
         mine = same.get(key.get(j.job_id, j.application), [])
         if len(mine) >= MIN_SAME:
             factor[i] = gittins_remaining(np.sort(mine), j.progress) / units[i]
-            continue
-        if len(served) >= MIN_SIZES:
-            left = gittins_remaining(served, j.attained_service)
-            if j.progress > 0 and j.attained_service > 0:  # its own progress per GPU-second
-                factor[i] = left * j.progress / j.attained_service / units[i]
-            else:
-                factor[i] = left / work[i]
-            continue
-        if typical is not None:
-            target = max(typical, j.attained_service)
+        elif len(left_by) >= MIN_SIZES:
+            factor[i] = gittins_remaining(left_by, float(done[i])) / work[i]
+        elif len(held) >= MIN_SIZES:
+            factor[i] = gittins_remaining(held, j.attained_service) / work[i]
+        elif typical is not None:
+            factor[i] = max(typical, float(done[i])) / work[i]
         else:
-            target = max(j.attained_service, FLOOR_S)
-        factor[i] = target / work[i]
+            factor[i] = max(float(done[i]), FLOOR_S) / work[i]
     return factor

@@ -86,6 +86,15 @@ class OnesPolicy:
     """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
     (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
     kept across rounds take them into account; they always keep their GPUs."""
+    age_s: float = 0.0
+    """A job behind its fair share of the pool by this many seconds (:func:`behind`)
+    weighs twice as much (``age_power`` 1); 0: no aging."""
+    age_power: float = 1.0
+    restarts_free: float = 2.0
+    """Restarts a job may suffer before its own run earns it more (``restarts_per_hour``)."""
+    restarts_per_hour: float = 0.0
+    """Restarts a job earns per hour it holds GPUs; a running job that has had all it
+    earned keeps its GPUs until it earns another (0: no bound)."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -93,11 +102,13 @@ class OnesPolicy:
     _probing: dict[str, float] = field(default_factory=dict)
     _typed_pop: list[dict[str, tuple[str, int]]] = field(default_factory=list)
     _type_speeds: dict[str, dict[str, float]] = field(default_factory=dict)
-    _served: dict[str, float] = field(default_factory=dict)
+    _work: dict[str, float] = field(default_factory=dict)
+    _rates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    _at: float | None = None
     _departed: dict[str, float] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
-        self.remember(snapshot)
+        self.account(snapshot)
         if snapshot.gpu_types:  # type, GPUs and batch per job; one type per launch, also
             return schedule_types(self, snapshot)  # where the site would let it mix them
         rng = self.random()
@@ -108,8 +119,10 @@ class OnesPolicy:
             first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
             network=self._network,
             departed=self.departed(),
+            done=self._work,
         )
         self._network = est.network  # the next round models with what this one learned
+        self.note_rates(est)
         jobs = est.jobs
         n = len(jobs)
         if n == 0:
@@ -121,10 +134,10 @@ class OnesPolicy:
         change = cols != cur[:, None]
         value, t = self.time_value(snapshot, est, cur)
         # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
-        value = self.weigh(value, one_gpu_time(est.time, est.gmin), jobs)
+        value = self.weigh(value, one_gpu_time(est.time, est.gmin), jobs, snapshot)
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
-        pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+        pinned = self.kept(jobs)
         value[pinned[:, None] & change] = -np.inf  # a fixed job keeps its GPUs
         if self.probe and self.probe_hold_s > 0:
             probing = self.holding(snapshot, np.array(needs_probe(jobs, est), dtype=bool) & ~pinned)
@@ -163,21 +176,55 @@ class OnesPolicy:
             plan = probe_batches(jobs, est, plan)
         return fit_cpus(snapshot, plan)
 
-    def remember(self, snapshot: Snapshot) -> None:
-        """Note the GPU-seconds of the jobs that left the pool since the last round (the
-        sizes a job of unknown length is weighed against: :mod:`hpcorch.policy.lengths`;
-        the most recent ``DEPARTED_KEEP``)."""
-        here = {j.job_id: j.attained_service for j in snapshot.jobs}
-        for job_id, served in self._served.items():
-            if job_id not in here and served > 0:
+    def kept(self, jobs: Sequence[JobView]) -> np.ndarray:
+        """The running jobs that keep their GPUs this round: those that cannot be stopped
+        now, and those that have had all the restarts their run has earned."""
+        out = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+        if self.restarts_per_hour > 0:
+            earned = np.array(
+                [self.restarts_free + self.restarts_per_hour * j.run_time / 3600.0 for j in jobs]
+            )
+            spent = np.array([j.restarts for j in jobs])
+            out |= np.array([j.running for j in jobs], dtype=bool) & (spent >= earned)
+        return out
+
+    def account(self, snapshot: Snapshot) -> None:
+        """Before a round: add to each job's work done (in one-GPU seconds at the reference
+        speed) what it did since the last round at the rate its GPUs had then
+        (:meth:`note_rates`), and note the work of the jobs that left the pool: the sizes a
+        job of unknown length is weighed against (:mod:`hpcorch.policy.lengths`; the most
+        recent ``DEPARTED_KEEP``). A job first seen is counted at its GPU-seconds. Unlike
+        the progress a job reports, this does not depend on the batches it trained with."""
+        dt = snapshot.now - self._at if self._at is not None else 0.0
+        work: dict[str, float] = {}
+        for j in snapshot.jobs:
+            w = self._work.get(j.job_id)
+            if w is None:
+                w = j.attained_service
+            elif j.running and dt > 0:
+                row = self._rates.get(j.job_id, {}).get(j.gpu_type)
+                w += dt * (float(row[j.gpus]) if row is not None and j.gpus < len(row) else 0.0)
+            work[j.job_id] = w
+        for job_id, w in self._work.items():
+            if job_id not in work and w > 0:
                 self._departed.pop(job_id, None)
-                self._departed[job_id] = served
+                self._departed[job_id] = w
         while len(self._departed) > DEPARTED_KEEP:
             self._departed.pop(next(iter(self._departed)))
-        self._served = here
+        self._rates = {k: v for k, v in self._rates.items() if k in work}
+        self._work, self._at = work, snapshot.now
+
+    def note_rates(self, est: Estimates, speed: float = 1.0, gpu_type: str = "") -> None:
+        """Each job's work per second on every GPU count of ``gpu_type`` (its one-GPU time
+        at ``speed`` over its time there), for the next round's :meth:`account`."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = one_gpu_time(est.time, est.gmin)[:, None] * speed / est.time
+        rate = np.where(np.isfinite(rate), rate, 0.0)
+        for j, row in zip(est.jobs, rate, strict=True):
+            self._rates.setdefault(j.job_id, {})[gpu_type] = row
 
     def departed(self) -> np.ndarray:
-        """GPU-seconds each remembered job that left the pool had used."""
+        """The work each remembered job that left the pool had done."""
         return np.fromiter(self._departed.values(), dtype=float, count=len(self._departed))
 
     def random(self) -> np.random.Generator:
@@ -217,9 +264,16 @@ class OnesPolicy:
             value = _knee(value, est.time, self.knee, self.knee_discount)
         return value, t
 
-    def weigh(self, value: np.ndarray, work: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray:
+    def weigh(
+        self,
+        value: np.ndarray,
+        work: np.ndarray,
+        jobs: Sequence[JobView],
+        snapshot: Snapshot | None = None,
+    ) -> np.ndarray:
         """``value`` (jobs first) weighted by each job's remaining ``work`` (GPU-seconds),
-        its rank by it and its user's share (see the class's fields)."""
+        its rank by it, its user's share and, with ``snapshot``, how far it is behind its
+        fair share (see the class's fields)."""
         n = len(jobs)
         shape = (n,) + (1,) * (value.ndim - 1)
         if self.priority != 1.0:
@@ -233,8 +287,10 @@ class OnesPolicy:
             rank = np.empty(n)
             rank[np.argsort(-t1, kind="stable")] = np.arange(1, n + 1)
             value = value * rank.reshape(shape) ** self.rank_weight
-        weights = np.array([j.weight for j in jobs]).reshape(shape)
-        return np.asarray(value * weights)  # users' fair shares
+        weights = np.array([j.weight for j in jobs])
+        if self.age_s > 0 and snapshot is not None and n:
+            weights = weights * (1.0 + behind(snapshot, jobs) / self.age_s) ** self.age_power
+        return np.asarray(value * weights.reshape(shape))  # users' fair shares
 
     def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray:
         """Of the jobs that want a probe, those still held for it (see ``probe_hold_s``)."""
@@ -247,6 +303,16 @@ class OnesPolicy:
             since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
             probing[i] = snapshot.now - since < self.probe_hold_s
         return probing
+
+
+def behind(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:
+    """Seconds each job is behind an equal share of the pool: the time since it was
+    submitted less the time an equal share (the pool's GPUs over the jobs in it now) would
+    have taken to give it the GPU-seconds it has had; 0 for a job ahead of its share."""
+    share = snapshot.total_gpus / max(len(jobs), 1)
+    waited = np.array([snapshot.now - j.submit_time for j in jobs])
+    served = np.array([j.attained_service for j in jobs]) / max(share, 1e-9)
+    return np.maximum(waited - served, 0.0)
 
 
 def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> np.ndarray:

@@ -55,11 +55,23 @@ class TypedSearch(Protocol):
 
     def departed(self) -> np.ndarray: ...
 
+    def note_rates(self, est: Estimates, speed: float = 1.0, gpu_type: str = "") -> None: ...
+
+    _work: dict[str, float]
+
+    def kept(self, jobs: Sequence[JobView]) -> np.ndarray: ...
+
     def time_value(
         self, snapshot: Snapshot, est: Estimates, cur: np.ndarray, ending: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]: ...
 
-    def weigh(self, value: np.ndarray, work: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray: ...
+    def weigh(
+        self,
+        value: np.ndarray,
+        work: np.ndarray,
+        jobs: Sequence[JobView],
+        snapshot: Snapshot | None = None,
+    ) -> np.ndarray: ...
 
     def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray: ...
 
@@ -75,8 +87,11 @@ def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
         network=policy._network,
         memory=policy._type_speeds,
         departed=policy.departed(),
+        done=policy._work,
     )
     policy._network = te.est[0].network
+    for t, e in zip(te.types, te.est, strict=True):
+        policy.note_rates(e, te.speed[t], t)
     jobs = snapshot.jobs
     n, kinds = len(jobs), len(te.types)
     if n == 0:
@@ -153,7 +168,7 @@ def _values(
     gmax = np.zeros((n, kinds), dtype=np.int64)
     gmin = np.ones((n, kinds), dtype=np.int64)
     work = np.full(n, np.inf)
-    pinned = np.array([j.running and not j.resizable for j in jobs], dtype=bool) & running
+    pinned = policy.kept(jobs) & running
     probing = np.zeros(n, dtype=bool)
     for k, (e, view) in enumerate(zip(te.est, te.views, strict=True)):
         w = e.time.shape[1]
@@ -171,7 +186,7 @@ def _values(
         work = np.fmin(work, np.where(te.accepts[:, k], one_gpu_time(e.time, e.gmin), np.inf))
         if policy.probe and policy.probe_hold_s > 0:
             probing |= np.array(needs_probe(view.jobs, e), dtype=bool) & here
-    value = policy.weigh(value, work, jobs)
+    value = policy.weigh(value, work, jobs, snapshot)
     if policy.probe and policy.probe_hold_s > 0:
         held = policy.holding(snapshot, probing & ~pinned)
         # a job measuring its probe keeps its type and count (it may be preempted)

@@ -245,10 +245,12 @@ def type_estimates(
     network: Network | None = None,
     memory: dict[str, dict[str, float]] | None = None,
     departed: np.ndarray | None = None,
+    done: Mapping[str, float] | None = None,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
     cap of a never-measured application (0: one node of the type). ``memory``: see
-    :func:`type_speeds`. ``departed``: as :func:`hpcorch.policy.estimate.estimate`'s.
+    :func:`type_speeds`. ``departed``, ``done``: as :func:`hpcorch.policy.estimate.estimate`'s
+    (work counted on one GPU of speed 1).
 
     A job measured on no type at all is modelled as a typical job on every type (the
     throughput model's prior), sped up by each type's relative speed."""
@@ -270,12 +272,15 @@ def type_estimates(
             network=network,
             keys=keys,
             departed=departed,
+            done=done,
+            speed=speed[types[len(est)]],
         )
         network = network or e.network
+        # a job of unknown length was scaled to its inferred work at this type's speed
         new = [
             i
             for i, j in enumerate(view.jobs)
-            if not any(s.gpu_type for s in snapshot.jobs[i].profile)
+            if j.length_known and not any(s.gpu_type for s in snapshot.jobs[i].profile)
         ]
         e.time[new] /= speed[types[len(est)]]
         est.append(e)

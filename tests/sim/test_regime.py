@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -102,3 +103,70 @@ def test_cli_regime_in_json(small_workload: Path) -> None:
     assert [r["regime"] for r in doc["results"]] == ["cold"]
     bad = CliRunner().invoke(main, ["simulate", str(small_workload), "--regime", "warm"])
     assert bad.exit_code != 0 and "warm" in bad.stderr
+
+
+def test_no_length_shows_the_controllers_placeholders() -> None:
+    snap = _snapshot()
+    snap = replace(snap, jobs=tuple(replace(j, epoch=3, progress=350.0) for j in snap.jobs))
+    order = {j.job_id: i for i, j in enumerate(snap.jobs)} | {"old": 9}
+    none = regime_view(snap, Regime.named("no-length"), order)
+    assert {(j.max_epochs, j.progress_per_epoch_hint, j.length_known) for j in none.jobs} == {
+        (4, 1.0, False)
+    }
+    assert none.history == ()  # and it is cold: every job new
+    assert len({j.application for j in none.jobs}) == 4
+    half = regime_view(snap, Regime.named("half-length"), order)
+    assert [j.length_known for j in half.jobs] == [True, False, True, False]
+    assert [j.max_epochs for j in half.jobs] == [10, 4, 10, 4]
+    known = regime_view(snap, Regime("known", lengths="none"), order)
+    assert {j.application for j in known.jobs} == {"cifar10"}  # pooled, lengths hidden
+    assert known.history == snap.history
+    assert not any(j.length_known for j in known.jobs)
+    assert Regime.named("no-length").name == "no-length"
+    assert Regime("known", lengths="half").name == "known, half lengths"
+    with pytest.raises(ValueError, match="unknown lengths"):
+        Regime("cold", lengths="some")
+
+
+class _Lengths:
+    """fifo that remembers which jobs it was told the length of when it first saw them."""
+
+    def __init__(self) -> None:
+        self.inner: Policy = make_policy("fifo")
+        self.name = "fifo"
+        self.seen: dict[str, tuple[bool, int]] = {}
+
+    def schedule(self, snapshot: Snapshot) -> Plan:
+        for j in snapshot.jobs:
+            self.seen.setdefault(j.job_id, (j.length_known, j.max_epochs))
+        return self.inner.schedule(snapshot)
+
+
+@pytest.mark.parametrize("engine", [simulate, simulate_controlled], ids=["direct", "controller"])
+def test_engines_hide_the_same_lengths(apps: dict[str, AppTrace], engine: Engine) -> None:
+    """Through the controller the simulated jobs submit and report no length (the
+    controller makes its placeholders); the direct loop shows the same placeholders."""
+    told = _Lengths()
+    engine(JOBS, told, apps, SimConfig(nodes=1, regime=Regime.named("half-length")))
+    by_arrival = [told.seen[k] for k in sorted(told.seen, key=lambda k: (len(k), k))]
+    assert [known for known, _ in by_arrival] == [True, False, True, False, True]
+    epochs = apps["ncf"].epochs
+    assert all(e == epochs for known, e in by_arrival if known)
+    assert all(e == 1 for known, e in by_arrival if not known)  # its first epoch + 1
+
+
+def test_cli_no_length_regime(small_workload: Path) -> None:
+    res = CliRunner().invoke(
+        main,
+        ["simulate", str(small_workload), "--policy", "fifo", "--regime", "no-length", "--json"],
+    )
+    assert res.exit_code == 0, res.stderr
+    assert [r["regime"] for r in json.loads(res.stdout)["results"]] == ["no-length"]
+    mix = CliRunner().invoke(
+        main,
+        ["simulate", str(small_workload), "--policy", "fifo", "--lengths", "half", "--json"],
+    )
+    assert mix.exit_code == 0, mix.stderr
+    assert [r["regime"] for r in json.loads(mix.stdout)["results"]] == ["known, half lengths"]
+    bad = CliRunner().invoke(main, ["simulate", str(small_workload), "--lengths", "most"])
+    assert bad.exit_code != 0 and "most" in bad.stderr

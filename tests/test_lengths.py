@@ -1,0 +1,128 @@
+"""Jobs that never say how long they train (``JobView.length_known`` False): their
+remaining work comes from what they have done against the sizes of the jobs before them,
+and ONES neither takes them for jobs about to end nor leaves GPUs idle around them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hpcorch.policy.estimate import estimate, one_gpu_time
+from hpcorch.policy.lengths import gittins_remaining
+from hpcorch.policy.ones import OnesPolicy
+from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample, validate_plan
+
+PROFILE = (
+    *(StepSample(1, g, 16, 0.02 + 0.004 * 16 + 0.01 * (g > 1), 0.0, 1) for g in (1, 2, 4)),
+    StepSample(1, 4, 8, 0.02 + 0.004 * 8 + 0.01, 0.0, 1),
+    StepSample(1, 4, 16, 0.18, 0.0, 2),
+)
+
+
+def _job(name: str, **kw: object) -> JobView:
+    base = JobView(
+        job_id=name,
+        application=name,
+        submit_time=0.0,
+        requested_gpus=1,
+        requested_batch=64,
+        min_gpus=1,
+        max_gpus=16,
+        min_batch=64,
+        max_batch=1024,
+        min_micro_batch=1,
+        max_micro_batch=16,
+        max_epochs=1,
+        progress_per_epoch_hint=1.0,
+        length_known=False,
+        profile=PROFILE,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def test_the_gittins_remaining_work_of_one_size_is_what_is_left_of_it() -> None:
+    sizes = np.full(50, 1000.0)
+    assert gittins_remaining(sizes, 400.0) == pytest.approx(600.0, rel=0.03)
+
+
+def test_a_job_that_outlived_the_small_ones_counts_as_one_of_the_long_ones() -> None:
+    sizes = np.sort(np.r_[np.full(90, 100.0), np.full(10, 10000.0)])
+    new = gittins_remaining(sizes, 0.0)
+    past = gittins_remaining(sizes, 200.0)
+    assert new < 200.0  # most jobs are small: a new one ranks as a small one
+    assert past == pytest.approx(9800.0, rel=0.1)  # it is one of the long ones
+    # beyond every size seen: as long again as it has run
+    assert gittins_remaining(sizes, 50000.0) == pytest.approx(50000.0)
+
+
+def test_unknown_lengths_come_from_the_work_of_the_jobs_that_left() -> None:
+    """Without history every job of unknown length looked alike (and, with no job of known
+    length, a second from its end). Against the work of departed jobs, a job that has done
+    more than the small jobs ever needed ranks behind a new one and far from its end."""
+    jobs = (_job("new", progress=0.0), _job("old", progress=2000.0, epoch=3))
+    snap = Snapshot(now=0.0, node_gpus=(4, 4), jobs=jobs, restart_cost_s=24.5)
+    done = {"new": 0.0, "old": 2000.0}  # one-GPU seconds of work each has done
+    est = estimate(snap, done=done)
+    # with nothing known of any job's length: as long again as it ran, at least an hour
+    # (the placeholders alone said a fraction of a second)
+    assert one_gpu_time(est.time, est.gmin) == pytest.approx([3600.0, 3600.0])
+    sizes = np.r_[np.full(20, 500.0), np.full(3, 10000.0)]  # most did a quarter of "old"
+    est = estimate(snap, departed=sizes, done=done)
+    work = one_gpu_time(est.time, est.gmin)
+    # a small one, a little more for the chance that it is a long one: (20 + 4) / 20
+    assert work[0] == pytest.approx(500.0 * 1.2, rel=0.01)
+    # one of the long ones (8000 left), or longer than any (the extra size: 18000 left)
+    assert work[1] == pytest.approx((3 * 8000.0 + 18000.0) / 4)
+    assert est.time[1, 4] < est.time[1, 1]  # keeps its own speed-up
+
+
+def test_a_known_application_s_completed_jobs_say_how_much_is_left() -> None:
+    jobs = (_job("j", application="app", progress=3000.0),)
+    history = tuple(CompletedJob(f"h{i}", "app", 100.0, 400.0, 4000.0, 4) for i in range(3))
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs, history=history)
+    est = estimate(snap)
+    # as a job that says it has 1000 units of progress left
+    told = replace(jobs[0], length_known=True, progress=0.0, progress_per_epoch_hint=1000.0)
+    thousand = estimate(replace(snap, jobs=(told,), history=())).time[0, 1]
+    # (a little more than 1000: a size no job exceeded yet might be)
+    assert est.time[0, 1] == pytest.approx(thousand, rel=0.4)
+    assert est.time[0, 1] >= thousand
+
+
+def test_ones_leaves_no_gpu_idle_around_jobs_of_unknown_length() -> None:
+    """Two running jobs of unknown length on 4 of 16 GPUs each: with every job looking a
+    second from its end, ONES never resized one and 8 GPUs idled (utilisation 26-30% on
+    a whole workload). They grow into the pool."""
+    jobs = tuple(
+        _job(f"j{i}", progress=500.0 * (i + 1), epoch=1, gpus=4, placement={i: 4}, batch=64,
+             micro_batch=16, accum_steps=1, attained_service=600.0, run_time=600.0)
+        for i in range(2)
+    )  # fmt: skip
+    snap = Snapshot(now=0.0, node_gpus=(4, 4, 4, 4), jobs=jobs, restart_cost_s=24.5)
+    policy = OnesPolicy(seed=0)
+    plan = policy.schedule(snap)
+    validate_plan(snap, plan)
+    assert sum(p.gpus for p in plan.jobs) == 16
+
+
+def test_ones_counts_the_work_done_at_the_speed_of_the_gpus_held() -> None:
+    """The work a job has done is its one-GPU seconds: time held times the speed-up of the
+    GPUs it held (not the progress it reports, which the controller counts at the batch it
+    trains with now). A job that left the pool is remembered with it."""
+    policy = OnesPolicy(seed=0)
+    run = {"gpus": 4, "placement": {0: 4}, "batch": 64, "micro_batch": 16, "epoch": 1}
+    jobs = (_job("a", progress=100.0, attained_service=400.0, **run), _job("b", progress=9.0))
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs, restart_cost_s=24.5)
+    policy.schedule(snap)
+    assert policy._work == {"a": 400.0, "b": 0.0}  # first seen: its GPU-seconds
+    est = estimate(snap)
+    speedup = (one_gpu_time(est.time, est.gmin) / est.time[:, 4])[0]
+    assert 2.0 < speedup < 4.0
+    policy.schedule(replace(snap, now=100.0))
+    assert policy._work["a"] == pytest.approx(400.0 + 100.0 * speedup, rel=0.05)
+    assert len(policy.departed()) == 0
+    policy.schedule(replace(snap, now=160.0, jobs=jobs[1:]))
+    left = policy.departed()
+    assert len(left) == 1 and left[0] == pytest.approx(400.0 + 100.0 * speedup, rel=0.05)
