@@ -57,7 +57,7 @@ TARGETS = {("cold", "1.0"): 0.85, ("cold", "0.5"): 0.92, ("known", "1.0"): 0.78,
            ("known", "0.5"): 0.88, ("no-length", "1.0"): 0.90,
            ("no-length", "0.5"): 0.90}  # fmt: skip
 
-Task = tuple[str, str, str, str, str, float, str, int]
+Task = tuple[str, str, str, str, str, float, str, int, bool]
 TRUTH = "ones+truth"
 """ONES shown every job's true step time at every configuration from its start (not a
 schedule that can ship: it separates learning a job's scaling from scoring schedules)."""
@@ -108,7 +108,7 @@ def variant(policy: str, seed: int) -> Policy:
 
 
 def run_one(task: Task) -> dict[str, object]:
-    data, load, workload, policy, regime, epochs, engine, seed = task
+    data, load, workload, policy, regime, epochs, engine, seed, per_job = task
     apps = load_apps(Path(data))
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
     cfg = SimConfig(regime=Regime.named(regime, epochs))
@@ -130,6 +130,7 @@ def run_one(task: Task) -> dict[str, object]:
         "wall_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - c0,
         **res.summary(),
+        **({"jobs": {j.name: [round(j.jct, 1), j.restarts] for j in res.jobs}} if per_job else {}),
     }
 
 
@@ -252,6 +253,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="the policies' seeds, e.g. 0,1")
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--save", type=Path, default=None)
+    ap.add_argument("--per-job", action="store_true", help="keep each job's JCT and restarts")
     ap.add_argument("--load-results", type=Path, default=None)
     args = ap.parse_args()
     data = (args.data or default_data_dir()).resolve()
@@ -287,7 +289,7 @@ def sweep(args: argparse.Namespace, data: Path, loads: list[str]) -> list[dict[s
                 for regime, epochs in variants:
                     for seed in seeds:
                         task = (str(data), load, path.stem, policy, regime, epochs, args.engine)
-                        tasks.append((*task, seed))
+                        tasks.append((*task, seed, args.per_job))
     tasks.sort(key=lambda t: (t[3] != "ones", t[1] != "1.0"))  # longest first
     results: list[dict[str, object]] = []
     t0 = time.perf_counter()

@@ -80,14 +80,18 @@ def run_sia(workload: Path, name: str) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix="sia-peer-") as tmp:
         wl, out = Path(tmp) / "wl", Path(tmp) / "out"
         wl.mkdir()
+        out.mkdir()
         (wl / workload.name).symlink_to(workload.resolve())
         t0 = time.perf_counter()
         with open(Path(tmp) / "stdout", "wb") as log:
-            subprocess.run(
+            done = subprocess.run(
                 ["nice", "-n", "10", str(py), "multi_simulator.py", f"{wl}/", *SIA_ARGS,
                  f"--output={out}"],
-                cwd=sia, stdout=log, stderr=subprocess.STDOUT, env=_quiet_env(), check=True,
+                cwd=sia, stdout=log, stderr=subprocess.STDOUT, env=_quiet_env(),
             )  # fmt: skip
+        if done.returncode != 0:
+            tail = (Path(tmp) / "stdout").read_bytes()[-3000:].decode(errors="replace")
+            raise SystemExit(f"Sia's simulator failed ({done.returncode}):\n{tail}")
         wall = time.perf_counter() - t0
         stats = subprocess.run(
             [str(py), str(adapter / "sia_log_stats.py"), str(out / f"{workload.stem}.log"),

@@ -68,8 +68,8 @@ def test_unknown_lengths_come_from_the_work_of_the_jobs_that_left() -> None:
     # with nothing known of any job's length: as long again as it ran, at least an hour
     # (the placeholders alone said a fraction of a second)
     assert one_gpu_time(est.time, est.gmin) == pytest.approx([3600.0, 3600.0])
-    sizes = np.r_[np.full(20, 500.0), np.full(3, 10000.0)]  # most did a quarter of "old"
-    est = estimate(snap, departed=sizes, done=done)
+    sizes = [500.0] * 20 + [10000.0] * 3  # most did a quarter of what "old" has done
+    est = estimate(snap, departed=[(f"gone{i}", w) for i, w in enumerate(sizes)], done=done)
     work = one_gpu_time(est.time, est.gmin)
     # a small one, a little more for the chance that it is a long one: (20 + 4) / 20
     assert work[0] == pytest.approx(500.0 * 1.2, rel=0.01)
@@ -125,4 +125,30 @@ def test_ones_counts_the_work_done_at_the_speed_of_the_gpus_held() -> None:
     assert len(policy.departed()) == 0
     policy.schedule(replace(snap, now=160.0, jobs=jobs[1:]))
     left = policy.departed()
-    assert len(left) == 1 and left[0] == pytest.approx(400.0 + 100.0 * speedup, rel=0.05)
+    assert len(left) == 1 and left[0][0] == "a"
+    assert left[0][1] == pytest.approx(400.0 + 100.0 * speedup, rel=0.05)
+
+
+def test_jobs_of_a_known_application_are_weighed_against_its_own_departed_jobs() -> None:
+    jobs = (_job("j", application="app", epoch=2), _job("k", application="other", epoch=2))
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs)
+    departed = [("app", 5000.0)] * 3 + [("small", 100.0)] * 20
+    est = estimate(snap, departed=departed, done={"j": 50.0, "k": 50.0})
+    work = one_gpu_time(est.time, est.gmin)
+    assert work[0] == pytest.approx((3 * 4950.0 + 9950.0) / 4)  # its own: all long
+    assert work[1] == pytest.approx((20 * 50.0 + 4 * 50.0) / 20)  # the pool's: mostly short
+
+
+def test_a_job_past_its_first_epochs_gets_the_noise_forecast_of_its_epochs_left() -> None:
+    """With its work per epoch known, the work left says how many epochs are left: its
+    gradient noise is forecast to grow over them (no history: linearly with the epoch), so
+    it scales better on more GPUs than at its current noise alone."""
+    job = _job("j", epoch=4, grad_sqr=1.0, grad_var=0.5)
+    snap = Snapshot(now=0.0, node_gpus=(4, 4, 4, 4), jobs=(job,))
+    departed = [("x", 45000.0)] * 10
+    est = estimate(snap, departed=departed, done={"j": 4500.0})  # 1000 per epoch: 40 left
+    first = replace(snap, jobs=(replace(job, epoch=0),))  # in its first epoch: unknown
+    now_only = estimate(first, departed=departed, done={"j": 4500.0})
+    assert est.time[0, 1] == pytest.approx(now_only.time[0, 1])  # the same work left
+    speedup = est.time[0, 1] / est.time[0, 8]
+    assert speedup > 1.03 * now_only.time[0, 1] / now_only.time[0, 8]

@@ -17,7 +17,7 @@ import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
 from hpcorch.model.throughput import Network, ThroughputModel, learn_network
-from hpcorch.policy.lengths import unknown_work
+from hpcorch.policy.lengths import Departed, as_forecast, epochs_left, factors, remaining_work
 from hpcorch.policy.pooling import model_keys, pooled_profiles
 from hpcorch.policy.types import JobView, Snapshot
 
@@ -66,7 +66,7 @@ def estimate(
     first_gpus: int = 1,
     network: Network | None = None,
     keys: tuple[dict[str, str], dict[str, str]] | None = None,
-    departed: np.ndarray | None = None,
+    departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
     speed: float = 1.0,
 ) -> Estimates:
@@ -134,6 +134,8 @@ def estimate(
     remaining = np.zeros(n)
     units = np.zeros(n)  # remaining progress units each row stands for
     worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
+    left = remaining_work(jobs, (key, hist_key), departed or (), snapshot.history, worked)
+    ahead = epochs_left(jobs, left, worked)
     for (mk, *_), idx in groups.items():
         model = models[mk]
         j0 = jobs[idx[0]]
@@ -155,7 +157,7 @@ def estimate(
         rows = np.arange(gm)
         curves: dict[int, np.ndarray | None] = {}
         for i in idx:
-            j = jobs[i]
+            j = jobs[i] if not np.isfinite(ahead[i]) else as_forecast(jobs[i], ahead[i])
             if j.grad_sqr is not None and j.grad_var is not None:
                 cur = noise_ratio(j.grad_sqr, j.grad_var)
             elif refs and len(refs[0]) > j.epoch:
@@ -205,8 +207,8 @@ def estimate(
                 batch[i, g0] = j.batch
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
     if not all(j.length_known for j in jobs):
-        factor = unknown_work(
-            jobs, snapshot.history, (key, hist_key), departed, one_gpu_time(time, gmin) * speed,
+        factor = factors(
+            jobs, snapshot.history, (key, hist_key), left, one_gpu_time(time, gmin) * speed,
             units, worked,
         )  # fmt: skip
         time *= factor[:, None]

@@ -16,37 +16,50 @@ job ranks as a small one; a job that outlived the small ones ranks as one of the
 it has turned out to be among; one that outlived every size seen is expected to run as long
 again as it has (the sizes get one more, at twice the larger of that and the largest seen).
 
-Work is counted in seconds of one GPU at the job's best speed per sample (its progress
-times its model's one-GPU seconds per unit of progress, ``Estimates.done``): unlike
-GPU-seconds held, it does not grow faster for a job given more GPUs than it uses well.
+Work is counted in seconds of one GPU (the reference type's in a pool of several): the
+time a job held GPUs times their speed-up over one GPU, as the throughput model predicts
+it, summed round by round by the policy (:meth:`hpcorch.policy.ones.OnesPolicy.account`).
+Unlike GPU-seconds it does not grow faster for a job given more GPUs than it uses well,
+and unlike the progress a job reports it does not depend on the batch it trains with.
 Which sizes, in order:
 
-1. its application's completed jobs (the pooling key; at least ``MIN_SAME``), in progress
-   units (samples / initial batch), against its own progress, where the regime shows that
-   history;
-2. the work of the jobs a policy saw leave the pool (at least ``MIN_SIZES``), against the
-   work it has done;
-3. the GPU-seconds of the completed jobs in the history (at least ``MIN_SIZES``), against
-   its attained service (a policy that has not yet seen jobs leave);
-4. with none of these, the median remaining work of the jobs whose length is known (at
+1. the jobs of its own application (the pooling key) that the policy saw leave the pool,
+   at least ``MIN_SAME`` (where the regime says which jobs are of one application);
+2. every job the policy saw leave the pool, at least ``MIN_SIZES``;
+3. its application's completed jobs in the snapshot's history (at least ``MIN_SAME``), in
+   progress units against its own progress (a policy that has not seen jobs leave yet);
+4. the GPU-seconds of the completed jobs in the history (at least ``MIN_SIZES``), against
+   its attained service;
+5. with none of these, the median remaining work of the jobs whose length is known (at
    least the work it has done);
-5. with nothing at all, as long again as it has run, at least ``FLOOR_S``.
+6. with nothing at all, as long again as it has run, at least ``FLOOR_S``.
+
+The remaining work also says how many epochs are left where a job has finished some
+(``epochs_left``): its work per epoch so far is known, so the gradient noise can be
+forecast over them as for a job that declared its epochs.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 from hpcorch.policy.types import CompletedJob, JobView
 
 MIN_SAME = 3
-"""Completed jobs of its application needed to use their sizes."""
+"""Departed or completed jobs of its application needed to use their sizes."""
 MIN_SIZES = 5
-"""Departed jobs needed to use the pool's sizes."""
+"""Departed or completed jobs needed to use the pool's sizes."""
 FLOOR_S = 3600.0
-"""Remaining GPU-seconds of a job when nothing is known of any job's length."""
+"""Remaining one-GPU seconds of a job when nothing is known of any job's length."""
+MAX_EPOCHS_LEFT = 1000
+"""Epochs forecast at most for a job of unknown length."""
+
+Departed = Sequence[tuple[str, float]]
+"""(pooling key, work done) of each job that left the pool."""
 
 
 def gittins_remaining(sizes: np.ndarray, done: float) -> float:
@@ -61,34 +74,98 @@ def gittins_remaining(sizes: np.ndarray, done: float) -> float:
     return float(np.min(spent / k))
 
 
-def unknown_work(
+def _sorted(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    out = np.sort(np.asarray(values, dtype=float))
+    return out[out > 0]
+
+
+def remaining_work(
+    jobs: Sequence[JobView],
+    keys: tuple[Mapping[str, str], Mapping[str, str]],
+    departed: Departed,
+    history: Sequence[CompletedJob],
+    done: np.ndarray,
+) -> np.ndarray:
+    """Each job of unknown length's remaining work from the sizes of departed jobs or the
+    GPU-seconds of completed ones (sources 1, 2 and 4 of the module's docstring); NaN for
+    a job of known length, or where it must come from its own estimates (:func:`factors`).
+    ``keys``: the pooling keys of the jobs and of the completed jobs; ``done``: the work
+    each job has done, in the unit of ``departed``."""
+    key, _ = keys
+    out = np.full(len(jobs), np.nan)
+    unknown = [i for i, j in enumerate(jobs) if not j.length_known]
+    if not unknown:
+        return out
+    by_key: dict[str, list[float]] = {}
+    for k, w in departed:
+        by_key.setdefault(k, []).append(w)
+    every = _sorted([w for _, w in departed])
+    held = _sorted([h.gpu_seconds for h in history])
+    for i in unknown:
+        j = jobs[i]
+        mine = _sorted(by_key.get(key.get(j.job_id, j.application), []))
+        if len(mine) >= MIN_SAME:
+            out[i] = gittins_remaining(mine, float(done[i]))
+        elif len(every) >= MIN_SIZES:
+            out[i] = gittins_remaining(every, float(done[i]))
+        elif len(held) >= MIN_SIZES and len(_same(j, keys, history)) < MIN_SAME:
+            out[i] = gittins_remaining(held, j.attained_service)
+    return out
+
+
+def _same(
+    job: JobView, keys: tuple[Mapping[str, str], Mapping[str, str]], history: Sequence[CompletedJob]
+) -> list[float]:
+    """The progress of the completed jobs of ``job``'s application in the history."""
+    key, hist_key = keys
+    mine = key.get(job.job_id, job.application)
+    return [h.progress for h in history if h.progress > 0 and hist_key.get(h.job_id) == mine]
+
+
+def epochs_left(jobs: Sequence[JobView], left: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Epochs each job of unknown length has left, where it finished one or more and its
+    remaining work is known: that work over its work per epoch so far (half of the
+    current epoch counted done); NaN elsewhere."""
+    out = np.full(len(jobs), np.nan)
+    for i, j in enumerate(jobs):
+        if j.length_known or j.epoch < 1 or not (np.isfinite(left[i]) and done[i] > 0):
+            continue
+        per_epoch = float(done[i]) / (j.epoch + 0.5)
+        out[i] = min(float(left[i]) / per_epoch, MAX_EPOCHS_LEFT)
+    return out
+
+
+def as_forecast(job: JobView, epochs: float) -> JobView:
+    """``job`` as one that declared ``epochs`` more epochs of one unit each, half of the
+    current one done: its rows then carry the noise forecast over them (their scale is
+    set afterwards by :func:`factors`)."""
+    total = job.epoch + max(1, math.ceil(epochs + 0.5))
+    return replace(
+        job,
+        max_epochs=total,
+        progress_per_epoch_hint=1.0,
+        progress=job.epoch + 0.5,
+        length_known=True,
+    )
+
+
+def factors(
     jobs: Sequence[JobView],
     history: Sequence[CompletedJob],
     keys: tuple[Mapping[str, str], Mapping[str, str]],
-    departed: np.ndarray | None,
+    left: np.ndarray,
     work: np.ndarray,
     units: np.ndarray,
     done: np.ndarray,
 ) -> np.ndarray:
     """Factor by which each job's remaining-time row is to be scaled (1 for a job of known
-    length). ``keys``: the pooling keys of the jobs and of the completed jobs;
-    ``departed``: the work of jobs that left the pool (None: none seen); ``work``: each
-    job's remaining one-GPU seconds as estimated from its placeholders; ``units``: the
-    progress units those stand for; ``done``: the work each job has done (both in the
-    unit of ``departed``)."""
+    length). ``left``: :func:`remaining_work`; ``work``: each row's remaining one-GPU
+    seconds (in the unit of ``left``); ``units``: the progress units a row stands for."""
     n = len(jobs)
     factor = np.ones(n)
     unknown = np.array([not j.length_known for j in jobs], dtype=bool)
     if not unknown.any():
         return factor
-    key, hist_key = keys
-    same: dict[str, list[float]] = {}
-    for h in history:
-        if h.progress > 0:
-            same.setdefault(hist_key.get(h.job_id, h.application), []).append(h.progress)
-    left_by = np.sort(np.asarray(departed if departed is not None else (), dtype=float).ravel())
-    left_by = left_by[left_by > 0]
-    held = np.sort([h.gpu_seconds for h in history if h.gpu_seconds > 0])
     known = work[~unknown]
     known = known[np.isfinite(known) & (known > 0)]
     typical = float(np.median(known)) if len(known) else None
@@ -96,13 +173,11 @@ def unknown_work(
         j = jobs[i]
         if not (np.isfinite(work[i]) and work[i] > 0 and units[i] > 0):
             continue
-        mine = same.get(key.get(j.job_id, j.application), [])
-        if len(mine) >= MIN_SAME:
+        mine = _same(j, keys, history)
+        if np.isfinite(left[i]):
+            factor[i] = left[i] / work[i]
+        elif len(mine) >= MIN_SAME:
             factor[i] = gittins_remaining(np.sort(mine), j.progress) / units[i]
-        elif len(left_by) >= MIN_SIZES:
-            factor[i] = gittins_remaining(left_by, float(done[i])) / work[i]
-        elif len(held) >= MIN_SIZES:
-            factor[i] = gittins_remaining(held, j.attained_service) / work[i]
         elif typical is not None:
             factor[i] = max(typical, float(done[i])) / work[i]
         else:

@@ -86,6 +86,11 @@ class OnesPolicy:
     """Be shown the running jobs that cannot be resized yet, pinned to their GPUs
     (:func:`hpcorch.policy.split.split_schedule`), so that their ranks and the population
     kept across rounds take them into account; they always keep their GPUs."""
+    waste: float = 0.0
+    """Weight of the GPU-time a change wastes: a job changed to ``g`` GPUs is scored as if
+    it took ``waste x restart cost x g x (other jobs / pool GPUs)`` seconds longer (the
+    pool's GPU-seconds idle while it restarts delay every other job's work); 0: only its
+    own restart cost counts."""
     age_s: float = 0.0
     """A job behind its fair share of the pool by this many seconds (:func:`behind`)
     weighs twice as much (``age_power`` 1); 0: no aging."""
@@ -105,7 +110,8 @@ class OnesPolicy:
     _work: dict[str, float] = field(default_factory=dict)
     _rates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     _at: float | None = None
-    _departed: dict[str, float] = field(default_factory=dict)
+    _keys: dict[str, str] = field(default_factory=dict)
+    _departed: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         self.account(snapshot)
@@ -208,10 +214,11 @@ class OnesPolicy:
         for job_id, w in self._work.items():
             if job_id not in work and w > 0:
                 self._departed.pop(job_id, None)
-                self._departed[job_id] = w
+                self._departed[job_id] = (self._keys.get(job_id, job_id), w)
         while len(self._departed) > DEPARTED_KEEP:
             self._departed.pop(next(iter(self._departed)))
         self._rates = {k: v for k, v in self._rates.items() if k in work}
+        self._keys = {k: v for k, v in self._keys.items() if k in work}
         self._work, self._at = work, snapshot.now
 
     def note_rates(self, est: Estimates, speed: float = 1.0, gpu_type: str = "") -> None:
@@ -222,10 +229,11 @@ class OnesPolicy:
         rate = np.where(np.isfinite(rate), rate, 0.0)
         for j, row in zip(est.jobs, rate, strict=True):
             self._rates.setdefault(j.job_id, {})[gpu_type] = row
+        self._keys.update(est.keys)
 
-    def departed(self) -> np.ndarray:
-        """The work each remembered job that left the pool had done."""
-        return np.fromiter(self._departed.values(), dtype=float, count=len(self._departed))
+    def departed(self) -> list[tuple[str, float]]:
+        """The pooling key and the work done of each remembered job that left the pool."""
+        return list(self._departed.values())
 
     def random(self) -> np.random.Generator:
         """The search's random numbers, one stream across rounds (from ``seed``)."""
@@ -250,6 +258,11 @@ class OnesPolicy:
                 base = np.where(est.speed_now > 0, est.remaining[:, None] / est.speed_now, np.inf)
             base[:, 0] = np.inf
         t = base + np.where(change, snapshot.restart_cost_s, 0.0)
+        if self.waste > 0:
+            # the GPUs a launch starts on idle for its restart: the other jobs' work waits
+            # that GPU-time over the pool, as if this job took that much longer
+            others = max(len(est.jobs) - 1, 0) / max(snapshot.total_gpus, 1)
+            t = t + np.where(change, self.waste * snapshot.restart_cost_s * cols * others, 0.0)
         running = (cur != 0)[:, None]  # -1: running on another GPU type
         t = np.where(change & running, t / (1.0 - self.hysteresis), t)
         # A job about to finish is never resized: the restart would cost more than it saves.

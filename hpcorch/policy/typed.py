@@ -27,6 +27,7 @@ import numpy as np
 
 from hpcorch.model.throughput import Network, ThroughputModel
 from hpcorch.policy.estimate import Estimates, estimate
+from hpcorch.policy.lengths import Departed
 from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
@@ -244,7 +245,7 @@ def type_estimates(
     first_gpus: int = 0,
     network: Network | None = None,
     memory: dict[str, dict[str, float]] | None = None,
-    departed: np.ndarray | None = None,
+    departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
