@@ -103,7 +103,10 @@ def variant(policy: str, seed: int) -> Policy:
         if not hasattr(pol, key):
             raise SystemExit(f"{name} has no setting {key!r}")
         kind = type(getattr(pol, key))
-        setattr(pol, key, kind(float(raw)) if kind in (int, float) else kind(raw))
+        if kind is bool:
+            setattr(pol, key, raw.lower() in ("1", "true", "yes"))
+        else:
+            setattr(pol, key, kind(float(raw)) if kind in (int, float) else kind(raw))
     return pol
 
 

@@ -151,7 +151,7 @@ def report(rows: list[dict[str, object]]) -> None:
     for r in sorted(rows, key=lambda r: (str(r["workload"]), r["policy"] != "sia",
                                          not r["lengths"], r["seed"])):  # fmt: skip
         body.append([r["workload"], r["policy"], "yes" if r["lengths"] else "no", r["seed"],
-                     *(float(r[k]) / 3600 for k in ("avg_jct", "p99_jct", "makespan")),  # type: ignore[arg-type]
+                     *(round(float(r[k]) / 3600, 3) for k in ("avg_jct", "p99_jct", "makespan")),  # type: ignore[arg-type]
                      r["restarts_per_job"]])  # fmt: skip
     print(
         table(

@@ -134,7 +134,8 @@ def estimate(
     remaining = np.zeros(n)
     units = np.zeros(n)  # remaining progress units each row stands for
     worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
-    left = remaining_work(jobs, (key, hist_key), departed or (), snapshot.history, worked)
+    measured = np.array([bool(samples.get(key[j.job_id])) for j in jobs], dtype=bool)
+    left = remaining_work(jobs, (key, hist_key), departed or (), snapshot.history, worked, measured)
     ahead = epochs_left(jobs, left, worked)
     for (mk, *_), idx in groups.items():
         model = models[mk]
@@ -206,7 +207,7 @@ def estimate(
                 time[i, g0] = float((seg_w * float(it0[0]) / gain0).sum())
                 batch[i, g0] = j.batch
     gmin = np.array([min(j.min_gpus, int(gmax[i])) for i, j in enumerate(jobs)], dtype=np.int64)
-    if not all(j.length_known for j in jobs):
+    if np.isfinite(left).any() or not all(j.length_known for j in jobs):
         factor = factors(
             jobs, snapshot.history, (key, hist_key), left, one_gpu_time(time, gmin) * speed,
             units, worked,

@@ -85,15 +85,21 @@ def remaining_work(
     departed: Departed,
     history: Sequence[CompletedJob],
     done: np.ndarray,
+    measured: np.ndarray | None = None,
 ) -> np.ndarray:
     """Each job of unknown length's remaining work from the sizes of departed jobs or the
     GPU-seconds of completed ones (sources 1, 2 and 4 of the module's docstring); NaN for
     a job of known length, or where it must come from its own estimates (:func:`factors`).
+    A job whose model has no measurement yet (``measured`` False) counts as one of unknown
+    length where departed jobs are known: the length it declares is in steps, and without
+    a step time its seconds are a guess off by orders of magnitude (a typical job's speed
+    made the bundled NCF jobs, 0.1 s of a typical step's work, look among the longest).
     ``keys``: the pooling keys of the jobs and of the completed jobs; ``done``: the work
     each job has done, in the unit of ``departed``."""
     key, _ = keys
     out = np.full(len(jobs), np.nan)
-    unknown = [i for i, j in enumerate(jobs) if not j.length_known]
+    new = np.zeros(len(jobs), dtype=bool) if measured is None else ~measured
+    unknown = [i for i, j in enumerate(jobs) if not j.length_known or new[i]]
     if not unknown:
         return out
     by_key: dict[str, list[float]] = {}
@@ -108,6 +114,8 @@ def remaining_work(
             out[i] = gittins_remaining(mine, float(done[i]))
         elif len(every) >= MIN_SIZES:
             out[i] = gittins_remaining(every, float(done[i]))
+        elif j.length_known:
+            continue  # a new job of known length: its declared length until sizes are known
         elif len(held) >= MIN_SIZES and len(_same(j, keys, history)) < MIN_SAME:
             out[i] = gittins_remaining(held, j.attained_service)
     return out
@@ -163,7 +171,7 @@ def factors(
     seconds (in the unit of ``left``); ``units``: the progress units a row stands for."""
     n = len(jobs)
     factor = np.ones(n)
-    unknown = np.array([not j.length_known for j in jobs], dtype=bool)
+    unknown = np.array([not j.length_known for j in jobs], dtype=bool) | np.isfinite(left)
     if not unknown.any():
         return factor
     known = work[~unknown]
