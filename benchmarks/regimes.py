@@ -115,13 +115,21 @@ def run_one(task: Task) -> dict[str, object]:
     apps = load_apps(Path(data))
     jobs = load_workload(Path(data) / "workloads" / f"load-{load}" / f"{workload}.csv", apps)
     cfg = SimConfig(regime=Regime.named(regime, epochs))
-    run = simulate if engine == "direct" else simulate_controlled
     t0, c0 = time.perf_counter(), time.process_time()
     if policy == TRUTH:
         pol: Policy = WithTruth(make_policy("ones", seed), apps)
     else:
         pol = variant(policy, seed)
-    res = run(jobs, pol, apps, cfg)
+    ignored: list[str] = []
+
+    def log(msg: str) -> None:
+        if "plan ignored" in msg:
+            ignored.append(msg)
+
+    if engine == "direct":
+        res = simulate(jobs, pol, apps, cfg)
+    else:
+        res = simulate_controlled(jobs, pol, apps, cfg, log=log)
     return {
         "load": load,
         "workload": workload,
@@ -133,6 +141,7 @@ def run_one(task: Task) -> dict[str, object]:
         "wall_s": time.perf_counter() - t0,
         "cpu_s": time.process_time() - c0,
         **res.summary(),
+        "plans_ignored": len(ignored),
         **({"jobs": {j.name: [round(j.jct, 1), j.restarts] for j in res.jobs}} if per_job else {}),
     }
 

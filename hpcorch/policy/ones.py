@@ -91,6 +91,10 @@ class OnesPolicy:
     it took ``waste x restart cost x g x (other jobs / pool GPUs)`` seconds longer (the
     pool's GPU-seconds idle while it restarts delay every other job's work); 0: only its
     own restart cost counts."""
+    waste_horizon_s: float = 0.0
+    """Charge a running job's change the value of the GPU-time its restart wastes
+    (:meth:`charge`), spread over at most this many seconds; 0: not charged."""
+    waste_weight: float = 1.0
     age_s: float = 0.0
     """A job behind its fair share of the pool by this many seconds (:func:`behind`)
     weighs twice as much (``age_power`` 1); 0: no aging."""
@@ -141,6 +145,7 @@ class OnesPolicy:
         value, t = self.time_value(snapshot, est, cur)
         # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
         value = self.weigh(value, one_gpu_time(est.time, est.gmin), jobs, snapshot)
+        value = self.charge(value, t, cur, snapshot)
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
         pinned = self.kept(jobs)
@@ -276,6 +281,46 @@ class OnesPolicy:
         if self.knee > 0:
             value = _knee(value, est.time, self.knee, self.knee_discount)
         return value, t
+
+    def charge(
+        self, value: np.ndarray, t: np.ndarray, cur: np.ndarray, snapshot: Snapshot
+    ) -> np.ndarray:
+        """``value`` (weighted, jobs first, GPU counts last) less the value of the GPU-time
+        a running job's change wastes: its restart idles ``max(g, cur)`` GPUs for the
+        restart cost, GPUs worth the pool's value per GPU now (the running jobs' values over
+        the pool's GPUs), spread over the time the change is expected to last (the job's
+        remaining time ``t`` at ``g``, at most ``waste_horizon_s``). ``cur``: each job's
+        current GPUs (0: queued) or, over GPU types, ``(type, GPUs)`` index arrays."""
+        if self.waste_horizon_s <= 0:
+            return value
+        n, width = value.shape[0], value.shape[-1]
+        rows = np.arange(n)
+        if cur.ndim == 1:
+            held = value[rows, cur]
+            now = cur
+        else:
+            kinds, gpus = cur
+            held = value[rows, kinds, gpus]
+            now = gpus
+        running = now > 0
+        kept = held[running]
+        lam = float(kept[np.isfinite(kept)].sum()) / max(snapshot.total_gpus, 1)
+        if lam <= 0:
+            return value
+        cols = np.arange(width)
+        shape = (n,) + (1,) * (value.ndim - 1)
+        gpus_used = np.maximum(cols, now.reshape(shape))
+        with np.errstate(invalid="ignore"):
+            horizon = np.minimum(t, self.waste_horizon_s)
+            pen = lam * snapshot.restart_cost_s * gpus_used / np.maximum(horizon, 1.0)
+        changed = np.ones(value.shape, dtype=bool)
+        if cur.ndim == 1:
+            changed[rows, cur] = False
+        else:
+            changed[rows, cur[0], cur[1]] = False
+        changed &= running.reshape(shape) & (cols > 0)
+        changed &= np.isfinite(value) & np.isfinite(pen)
+        return np.where(changed, value - self.waste_weight * pen, value)
 
     def weigh(
         self,

@@ -75,6 +75,10 @@ class TypedSearch(Protocol):
 
     def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray: ...
 
+    def charge(
+        self, value: np.ndarray, t: np.ndarray, cur: np.ndarray, snapshot: Snapshot
+    ) -> np.ndarray: ...
+
 
 def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
     """``policy``'s plan on a pool of several GPU types (no launch spans two)."""
@@ -165,6 +169,7 @@ def _values(
         at = np.minimum([jobs[i].gpus for i in on], e.time.shape[1] - 1).astype(np.int64)
         ending[on] = e.time[on, at] < policy.min_resize_s
     value = np.full((n, kinds, width), -np.inf)
+    times = np.full((n, kinds, width), np.inf)
     gmax = np.zeros((n, kinds), dtype=np.int64)
     gmin = np.ones((n, kinds), dtype=np.int64)
     work = np.full(n, np.inf)
@@ -176,7 +181,8 @@ def _values(
         cur = np.where(here, np.minimum([j.gpus for j in jobs], w - 1), 0).astype(np.int64)
         # a job running on another type changes whatever it gets here: cur = -1
         cur = np.where(running & ~here, -1, cur)
-        v, _ = policy.time_value(view, e, cur, ending)
+        v, tk = policy.time_value(view, e, cur, ending)
+        times[:, k, :w] = tk
         v[running & ~here, 0] = 0.0
         v[np.arange(w)[None, :] > e.gmax[:, None]] = -np.inf
         v[~te.accepts[:, k], 1:] = -np.inf
@@ -187,6 +193,8 @@ def _values(
         if policy.probe and policy.probe_hold_s > 0:
             probing |= np.array(needs_probe(view.jobs, e), dtype=bool) & here
     value = policy.weigh(value, work, jobs, snapshot)
+    at_g = np.where(running, np.minimum([j.gpus for j in jobs], width - 1), 0).astype(np.int64)
+    value = policy.charge(value, times, np.stack([np.maximum(cur_k, 0), at_g]), snapshot)
     if policy.probe and policy.probe_hold_s > 0:
         held = policy.holding(snapshot, probing & ~pinned)
         # a job measuring its probe keeps its type and count (it may be preempted)
