@@ -152,3 +152,21 @@ def test_a_job_past_its_first_epochs_gets_the_noise_forecast_of_its_epochs_left(
     assert est.time[0, 1] == pytest.approx(now_only.time[0, 1])  # the same work left
     speedup = est.time[0, 1] / est.time[0, 8]
     assert speedup > 1.03 * now_only.time[0, 1] / now_only.time[0, 8]
+
+
+def test_a_new_job_never_measured_is_not_ranked_by_steps_it_cannot_time() -> None:
+    """A job of a model never measured declares its length in steps; at a typical job's
+    step time the bundled NCF jobs (194,180 steps of 0.01 s) looked among the longest and
+    waited for minutes at load 1.0. Once jobs have left the pool it is weighed as a job of
+    unknown length until its first measurement."""
+    new = _job("ncf", length_known=True, max_epochs=10, progress_per_epoch_hint=19418.0,
+               profile=())  # fmt: skip
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(new,))
+    declared = one_gpu_time(*(lambda e: (e.time, e.gmin))(estimate(snap)))[0]
+    departed = [(f"j{i}", 300.0) for i in range(10)] + [("long", 50000.0)]
+    weighed = estimate(snap, departed=departed, done={"ncf": 0.0})
+    assert one_gpu_time(weighed.time, weighed.gmin)[0] < 400.0 < declared
+    measured = replace(new, profile=PROFILE)  # then its own speed and declared length
+    told = estimate(replace(snap, jobs=(measured,)), departed=departed, done={"ncf": 0.0})
+    alone = estimate(replace(snap, jobs=(measured,)))
+    assert told.time[0, 1] == pytest.approx(alone.time[0, 1])

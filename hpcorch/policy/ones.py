@@ -262,12 +262,13 @@ class OnesPolicy:
             with np.errstate(divide="ignore"):
                 base = np.where(est.speed_now > 0, est.remaining[:, None] / est.speed_now, np.inf)
             base[:, 0] = np.inf
-        t = base + np.where(change, snapshot.restart_cost_s, 0.0)
+        cost = restart_costs(snapshot, est.jobs)[:, None]
+        t = base + np.where(change, cost, 0.0)
         if self.waste > 0:
             # the GPUs a launch starts on idle for its restart: the other jobs' work waits
             # that GPU-time over the pool, as if this job took that much longer
             others = max(len(est.jobs) - 1, 0) / max(snapshot.total_gpus, 1)
-            t = t + np.where(change, self.waste * snapshot.restart_cost_s * cols * others, 0.0)
+            t = t + np.where(change, self.waste * cost * cols * others, 0.0)
         running = (cur != 0)[:, None]  # -1: running on another GPU type
         t = np.where(change & running, t / (1.0 - self.hysteresis), t)
         # A job about to finish is never resized: the restart would cost more than it saves.
@@ -312,7 +313,8 @@ class OnesPolicy:
         gpus_used = np.maximum(cols, now.reshape(shape))
         with np.errstate(invalid="ignore"):
             horizon = np.minimum(t, self.waste_horizon_s)
-            pen = lam * snapshot.restart_cost_s * gpus_used / np.maximum(horizon, 1.0)
+            cost = restart_costs(snapshot, snapshot.jobs).reshape(shape)
+            pen = lam * cost * gpus_used / np.maximum(horizon, 1.0)
         changed = np.ones(value.shape, dtype=bool)
         if cur.ndim == 1:
             changed[rows, cur] = False
@@ -361,6 +363,11 @@ class OnesPolicy:
             since = self._probing.setdefault(jobs[i].job_id, snapshot.now)
             probing[i] = snapshot.now - since < self.probe_hold_s
         return probing
+
+
+def restart_costs(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:
+    """Each job's restart cost: its own where measured, else the pool's."""
+    return np.array([j.restart_cost_s or snapshot.restart_cost_s for j in jobs], dtype=float)
 
 
 def behind(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:

@@ -115,6 +115,9 @@ class JobView:
     """The GPU type it runs on now ("" when queued or in a pool of one type)."""
     gpu_types: tuple[str, ...] = ()
     """The GPU types the job accepts (``hpcorch submit --gpu-types``); empty: any."""
+    restart_cost_s: float = 0.0
+    """Seconds a restart of this job costs as measured on its own launches (its checkpoint,
+    exit and start-up); 0: not measured, the pool's ``Snapshot.restart_cost_s``."""
     weight: float = 1.0
     """The job's claim relative to the others (mean 1): its user's fair share split over
     the user's jobs. Inside a reservation Slurm's fairshare no longer orders jobs, so every
