@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hpcorch.limits import LimitBook
 from hpcorch.planner import LaunchPlan
 
 ENDED_STATES = frozenset(
@@ -124,6 +125,8 @@ class Observation:
     foreign: tuple[ForeignJob, ...] = ()
     """Jobs on the pool's nodes the controller did not place (their GPUs are in
     ``PoolNode.gpus_foreign``)."""
+    limits: LimitBook = field(default_factory=LimitBook)
+    """The scheduler's limits on the pool's jobs (:mod:`hpcorch.limits`); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,9 @@ class Shape:
     per_node: tuple[int, ...] = ()
     gpu_type: str = ""
     """The GPU type the launch requests (``--gres=gpu:<type>:N``; "": any)."""
+    time_limit_min: int = 0
+    """The launch's time limit in minutes, where its own is longer than the scheduler's
+    limits allow (0: as it is)."""
 
     @property
     def gpus(self) -> int:

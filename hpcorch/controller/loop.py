@@ -25,6 +25,7 @@ from hpcorch.controller import adopt, reconcile
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.execute import Executor
 from hpcorch.controller.guard import PoolGuard
+from hpcorch.controller.limit_keeper import LimitKeeper
 from hpcorch.controller.logs import describe, disk_full, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
@@ -32,7 +33,7 @@ from hpcorch.controller.reports import digest
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
-from hpcorch.policy.split import split_schedule
+from hpcorch.policy.limits import limited_schedule, validate_limits
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 __all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
@@ -80,6 +81,8 @@ class Controller:
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
         """Every job's record as the store holds it (the controller is its only writer)."""
+        self.limits = LimitKeeper(store, self.log)
+        """Slurm's limits and the caps refused launches taught (limit_keeper.py)."""
 
     # --- one cycle ----------------------------------------------------------------------
     def cycle(self, full: bool = True) -> CycleStats:
@@ -101,6 +104,7 @@ class Controller:
         types = {n.name: n.gpu_type for n in obs.nodes}
         changed = self._adopt_new(obs, now)
         records = self.records.active()
+        self.limits.observe(obs, records, pool_nodes)
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             try:
@@ -128,6 +132,7 @@ class Controller:
         except Exception as exc:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
+        pending = [(r, self.limits.timed(a)) for r, a in pending]
         pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
         queueing = ("start", "hold", "requeue_hold", "cancel")
         acting = {r.slurm_id for r, a in pending if a.kind in queueing}
@@ -144,6 +149,7 @@ class Controller:
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
             self.records.write(unstorable)
+            self.limits.save()
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
@@ -315,9 +321,11 @@ class Controller:
                 self._profiles,
                 self.config.mix_types,
             )
+            snapshot = self.limits.constrain(snapshot, active)
             t0 = time.perf_counter()
-            plan = split_schedule(self.policy, snapshot)
+            plan = limited_schedule(self.policy, snapshot)
             validate_plan(snapshot, plan)
+            validate_limits(snapshot, plan)
         except Exception as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
             what = "gave an invalid plan" if isinstance(exc, PlanError) else "failed"
@@ -367,6 +375,7 @@ class Controller:
                 continue
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)
+        self.limits.explain(active, targets)
         return decision_s, acts
 
     def _requests(
@@ -408,6 +417,7 @@ class Controller:
             return False
         try:
             why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+            why = why or self.limits.wait(rec, a.shape, self.records.active())
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True

@@ -35,6 +35,7 @@ from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
 from hpcorch.controller.store import JobRecord
 from hpcorch.gputypes import type_of_nodes
+from hpcorch.limits import refusal
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
 from hpcorch.timefmt import fmt_duration
 
@@ -366,9 +367,18 @@ def _launch_pending(
     rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome
 ) -> None:
     """A launch the controller released that Slurm keeps pending: Slurm's reason shown, and
-    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others)."""
+    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others).
+    Pending for a limit (:func:`hpcorch.limits.refusal`), it is held at once: the loop has
+    learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to."""
     waited = now - rec.phase_since
     slurm_reason = job.reason or "no reason given"
+    if refusal(slurm_reason) is not None:
+        why = (
+            f"Slurm keeps the launch pending for a limit ({slurm_reason}): held, planned within it"
+        )
+        out.events.append(f"limit: {why}")
+        _queue_again(rec, now, out, "hold", why, s.start_backoff_s)
+        return
     if waited < s.launch_pending_s:
         rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
         return

@@ -19,11 +19,15 @@ from typing import Any
 
 from hpcorch.cluster import ENDED_STATES, ForeignJob, Observation, ObservedJob, PoolNode, Shape
 from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.limits import LimitBook, refusal
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.limits import limit_book, rekey
+from hpcorch.slurm.parse import SlurmJob
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
@@ -67,6 +71,12 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self._limits_read_at = -1e18
+        self._assoc: tuple[AssocMgr, dict[str, Partition]] = (AssocMgr(), {})
+        self._book = LimitBook()
+        self._refused: dict[int, str] = {}
+        """Pool jobs Slurm kept pending for a limit at the last observation, and why."""
+        self._limits_warned = ""
 
     @property
     def calls(self) -> int:
@@ -156,6 +166,7 @@ class SlurmCluster:
         foreign: list[ForeignJob] = []
         held = _Held()
         cpus_per_gpu: dict[int, int] = {}
+        tagged: list[SlurmJob] = []
         for j in jobs:
             if j.reservation != self.reservation:
                 continue
@@ -181,6 +192,7 @@ class SlurmCluster:
                 continue
             if holds:
                 held.add("own", names, gpus, j.cpus)
+            tagged.append(j)
             cpus = j.cpus_per_gpu or _cpus_tag(tags)
             if cpus:
                 cpus_per_gpu[j.job_id] = cpus
@@ -249,7 +261,36 @@ class SlurmCluster:
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
             foreign=tuple(foreign),
+            limits=self._limits(tagged),
         )
+
+    def _limits(self, pool: Sequence[SlurmJob]) -> LimitBook:
+        """The limits of the pool's jobs: read with their usage every ``reservation_ttl``
+        seconds, and at once when Slurm keeps one of them pending for a limit it did not
+        at the last observation (2 Slurm calls); between two reads, the last read's caps
+        for the jobs there are now."""
+        refused = {
+            j.job_id: j.reason
+            for j in pool
+            if j.state == "PENDING" and not j.held and refusal(j.reason) is not None
+        }
+        fresh = any(self._refused.get(k) != v for k, v in refused.items())
+        self._refused = refused
+        if not fresh and time.monotonic() - self._limits_read_at <= self.reservation_ttl:
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_read_at = time.monotonic()
+        try:
+            self._assoc = self.backend.limits(sorted({j.user for j in pool if j.user}))
+        except HpcorchError as exc:
+            if self._limits_warned != str(exc):
+                self._limits_warned = str(exc)
+                logger.warning("cannot read Slurm's limits (%s): planning with the last read", exc)
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_warned = ""
+        self._book = limit_book(*self._assoc, pool, time.time())
+        return self._book
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
         """Remove the plans of jobs Slurm no longer lists (every ``reservation_ttl``)."""
@@ -260,6 +301,8 @@ class SlurmCluster:
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
+        if shape.time_limit_min > 0:  # within MaxWall / the partition's MaxTime
+            self.backend.set_time_limit(slurm_id, shape.time_limit_min)
         cpus = shape.cpus_per_gpu or self._cpus_per_gpu.get(slurm_id, 0)
         self.backend.set_shape(
             slurm_id,

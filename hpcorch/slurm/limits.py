@@ -186,11 +186,22 @@ def limit_book(
             continue
         outside = {d: max(0, (c.outside.get(d) or 0) - held[k][d]) for d in DIMENSIONS}
         caps[k] = replace(c, outside=Amounts(**outside))
-    return LimitBook(caps=caps, jobs=keys, read_at=now)
+    book = LimitBook(caps=caps, jobs=keys, read_at=now)
+    return replace(book, time_limits=_time_limits(book, pool))
+
+
+def _time_limits(book: LimitBook, pool: Iterable[SlurmJob]) -> dict[int, int]:
+    """The jobs whose own time limit (0: none) is longer than their caps allow."""
+    out: dict[int, int] = {}
+    for j in pool:
+        wall = book.wall_min(j.job_id)
+        if wall is not None and (j.time_limit_min <= 0 or j.time_limit_min > wall):
+            out[j.job_id] = max(1, wall)
+    return out
 
 
 def rekey(
-    book: LimitBook, mgr: AssocMgr, parts: Mapping[str, Partition], pool: Iterable[SlurmJob]
+    book: LimitBook, mgr: AssocMgr, parts: Mapping[str, Partition], pool: Sequence[SlurmJob]
 ) -> LimitBook:
     """``book``'s caps for the pool's jobs now. A job that joined since the read gets the
     caps the read gives it: a group the book had no job of had none of the pool's running
@@ -207,4 +218,5 @@ def rekey(
                 caps.setdefault(c.key, c)
             known = tuple(c.key for c in found)
         keys[j.job_id] = known
-    return replace(book, caps=caps, jobs=keys)
+    later = replace(book, caps=caps, jobs=keys)
+    return replace(later, time_limits=_time_limits(later, pool))

@@ -28,6 +28,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.pyslurm_map import (
@@ -209,6 +210,15 @@ class PySlurmBackend:
 
     def fair_shares(self) -> dict[str, float]:
         return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        """Through ``scontrol show assoc_mgr``: pyslurm 25.11 reads associations and QOS
+        from slurmdbd (``pyslurm.db``): its QOS carry no limits, and its associations not
+        what slurmctld counts against them now, which the plan needs."""
+        return self.cli.limits(users)
+
+    def set_time_limit(self, job_id: int, minutes: int) -> None:
+        self._modify(job_id, time_limit=int(minutes))
 
     def extend_reservation(self, name: str, end_time: float) -> None:
         self.cli.extend_reservation(name, end_time)
