@@ -372,7 +372,7 @@ def _launch_pending(
     learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to."""
     waited = now - rec.phase_since
     slurm_reason = job.reason or "no reason given"
-    if refusal(slurm_reason) is not None:
+    if refusal(job.reason) is not None:
         why = (
             f"Slurm keeps the launch pending for a limit ({slurm_reason}): held, planned within it"
         )

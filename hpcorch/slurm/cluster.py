@@ -266,15 +266,17 @@ class SlurmCluster:
 
     def _limits(self, pool: Sequence[SlurmJob]) -> LimitBook:
         """The limits of the pool's jobs: read with their usage every ``reservation_ttl``
-        seconds, and at once when Slurm keeps one of them pending for a limit it did not
-        at the last observation (2 Slurm calls); between two reads, the last read's caps
-        for the jobs there are now."""
+        seconds, and at once when a job joins the pool (slurmctld keeps a QOS's limit on a
+        user only once the user has a job in it) or Slurm keeps one of them pending for a
+        limit it did not at the last observation (2 Slurm calls); between two reads, the
+        last read's caps for the jobs there are now."""
         refused = {
             j.job_id: j.reason
             for j in pool
             if j.state == "PENDING" and not j.held and refusal(j.reason) is not None
         }
         fresh = any(self._refused.get(k) != v for k, v in refused.items())
+        fresh |= any(j.job_id not in self._book.jobs and j.state not in ENDED_STATES for j in pool)
         self._refused = refused
         if not fresh and time.monotonic() - self._limits_read_at <= self.reservation_ttl:
             self._book = rekey(self._book, *self._assoc, pool)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from hpcorch.cluster import ENDED_STATES
 from hpcorch.limits import DIMENSIONS, Amounts, Cap, LimitBook
@@ -86,20 +86,35 @@ def _group_cap(
 
 def caps_of_job(mgr: AssocMgr, parts: Mapping[str, Partition], job: SlurmJob) -> list[Cap]:
     """Every cap that applies to ``job`` (its ``outside`` still slurmctld's whole count)."""
+    return caps_of(mgr, parts, job.user, job.uid, job.account, job.qos, job.partition)
+
+
+def caps_of(
+    mgr: AssocMgr,
+    parts: Mapping[str, Partition],
+    user: str,
+    uid: int,
+    account: str,
+    qos: str,
+    partition: str,
+) -> list[Cap]:
+    """Every cap on a job of ``user`` (``uid``) under ``account`` and ``qos`` in
+    ``partition`` (``Cap.outside``: slurmctld's whole count)."""
+    job = _Who(user, uid, account, qos, partition)
     out: list[Cap | None] = []
     part = parts.get(job.partition)
     names = [q for q in (job.qos, part.qos if part else "") if q]
     for q in dict.fromkeys(names):
-        qos = mgr.qos.get(q)
-        if qos is None:
+        rec = mgr.qos.get(q)
+        if rec is None:
             continue
-        out.append(_per_job_cap(f"qos/{q}/job", f"QOS {q}", qos.per_job, "MaxTRESPerJob"))
-        out.append(_group_cap(f"qos/{q}", f"QOS {q} GrpTRES/GrpJobs", qos.grp))
-        user = qos.users.get(job.uid)
-        if user is not None:
+        out.append(_per_job_cap(f"qos/{q}/job", f"QOS {q}", rec.per_job, "MaxTRESPerJob"))
+        out.append(_group_cap(f"qos/{q}", f"QOS {q} GrpTRES/GrpJobs", rec.grp))
+        mine = rec.users.get(job.uid)
+        if mine is not None:
             what = f"QOS {q} MaxTRESPerUser/MaxJobsPerUser ({job.user})"
-            out.append(_group_cap(f"qos/{q}/user/{job.user}", what, user))
-        acct = qos.accounts.get(job.account)
+            out.append(_group_cap(f"qos/{q}/user/{job.user}", what, mine))
+        acct = rec.accounts.get(job.account)
         if acct is not None:
             what = f"QOS {q} MaxTRESPerAccount/MaxJobsPerAccount ({job.account})"
             out.append(_group_cap(f"qos/{q}/account/{job.account}", what, acct))
@@ -117,15 +132,24 @@ def caps_of_job(mgr: AssocMgr, parts: Mapping[str, Partition], job: SlurmJob) ->
             )
         )
     seen: set[str] = set()
-    account = mgr.account(job.account)
-    while account is not None and account.account not in seen:
-        seen.add(account.account)
-        what = f"account {account.account} GrpTRES/GrpJobs"
-        out.append(_group_cap(f"assoc/{account.id}", what, account.grp))
-        account = mgr.account(account.parent) if account.parent else None
+    above = mgr.account(job.account)
+    while above is not None and above.account not in seen:
+        seen.add(above.account)
+        what = f"account {above.account} GrpTRES/GrpJobs"
+        out.append(_group_cap(f"assoc/{above.id}", what, above.grp))
+        above = mgr.account(above.parent) if above.parent else None
     if part is not None:
         out.append(_partition_cap(part))
     return [c for c in out if c is not None]
+
+
+@dataclass(frozen=True)
+class _Who:
+    user: str
+    uid: int
+    account: str
+    qos: str
+    partition: str
 
 
 def _partition_cap(p: Partition) -> Cap | None:

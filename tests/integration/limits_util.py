@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcorch.slurm.parse import SlurmJob
 from tests.conftest import Pool
 from tests.integration.users import ALICE, BOB, PYTHON, ensure_user, make_site, world_dir
 
@@ -57,7 +58,10 @@ LIMIT_REASON = re.compile(r"^(QOS|Assoc|Partition).*|.*Limit.*|^MaxGRES.*|^MaxCp
 
 
 def sacctmgr(pool: Pool, *args: str) -> None:
-    pool.run("sacctmgr", "-i", *args)
+    """sacctmgr -i ARGS (exit 1 with "Nothing new added" where it is there already)."""
+    res = pool.run("sacctmgr", "-i", *args, check=False)
+    if res.returncode != 0 and "Nothing new added" not in res.stdout:
+        raise AssertionError(f"sacctmgr {' '.join(args)}: {res.stderr.strip() or res.stdout}")
 
 
 @dataclass
@@ -148,6 +152,14 @@ def make_limit_site(pool: Pool, reservation: str, nodes: str) -> LimitSite:
         home.mkdir(parents=True)
         subprocess.run(["chown", user, str(home)], check=True)
     (root / "home").chmod(0o711)
+    # a run killed before its teardown left its reservation (the pool keeps its state)
+    prefix = reservation.rsplit("-", 1)[0] + "-"
+    shown = pool.run("scontrol", "-o", "show", "reservation", check=False).stdout
+    for old in re.findall(r"ReservationName=(\S+)", shown):
+        if old.startswith(prefix):
+            pool.run("scancel", f"--reservation={old}", check=False)
+            time.sleep(1)
+            pool.run("scontrol", "delete", f"reservation={old}", check=False)
     pool.run(
         "scontrol", "create", "reservation", f"ReservationName={reservation}",
         f"Nodes={nodes}", f"Users=root,{ALICE},{BOB}", "StartTime=now",
@@ -169,13 +181,14 @@ def drop_limit_site(s: LimitSite) -> None:
 
 @dataclass
 class PendingWatch:
-    """Polls ``squeue`` every ``every`` seconds: for each job and pending reason, every
+    """Polls squeue every ``every`` seconds: for each job and pending reason, every
     stretch of polls in a row that saw the job pending so (``episodes``: first and last
-    time seen)."""
+    time seen), and each poll's running jobs (``running``)."""
 
     pool: Pool
     every: float = 0.3
     episodes: dict[tuple[int, str], list[list[float]]] = field(default_factory=dict)
+    running: list[list[SlurmJob]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -190,23 +203,27 @@ class PendingWatch:
             self._thread.join(10)
 
     def _run(self) -> None:
-        argv = ["squeue", "-h", "-t", "PD", "-o", "%i|%r"]
         before: set[tuple[int, str]] = set()
         while not self._stop.is_set():
-            out = subprocess.run(argv, env=self.pool.env, capture_output=True, text=True)
+            try:
+                jobs = self.pool.squeue()
+            except (AssertionError, ValueError):  # slurmctld busy: the next poll
+                self._stop.wait(self.every)
+                continue
             now = time.time()
             seen: set[tuple[int, str]] = set()
-            for line in out.stdout.splitlines():
-                sid, _, reason = line.partition("|")
-                if sid.strip().isdigit():
-                    key = (int(sid), reason.strip())
-                    seen.add(key)
-                    runs = self.episodes.setdefault(key, [])
-                    if key in before and runs:
-                        runs[-1][1] = now
-                    else:
-                        runs.append([now, now])
+            for j in jobs.values():
+                if j.state != "PENDING" or j.held:
+                    continue
+                key = (j.job_id, j.reason)
+                seen.add(key)
+                runs = self.episodes.setdefault(key, [])
+                if key in before and runs:
+                    runs[-1][1] = now
+                else:
+                    runs.append([now, now])
             before = seen
+            self.running.append([j for j in jobs.values() if j.state == "RUNNING"])
             self._stop.wait(self.every)
 
     def limit_waits(self, jobs: set[int] | None = None) -> dict[tuple[int, str], float]:
@@ -217,3 +234,24 @@ class PendingWatch:
             for k, runs in self.episodes.items()
             if LIMIT_REASON.match(k[1]) and (jobs is None or k[0] in jobs)
         }
+
+    def peak(self, jobs: set[int], key: Any = None) -> dict[Any, tuple[int, int]]:
+        """The most (GPUs, running jobs) of ``jobs`` seen at once, by ``key(job)`` (one
+        group when None)."""
+        out: dict[Any, tuple[int, int]] = {}
+        for poll in self.running:
+            now: dict[Any, list[int]] = {}
+            for j in poll:
+                if j.job_id in jobs:
+                    k = key(j) if key else None
+                    have = now.setdefault(k, [0, 0])
+                    have[0] += gpus_of(j)
+                    have[1] += 1
+            for k, (g, n) in now.items():
+                was = out.get(k, (0, 0))
+                out[k] = (max(was[0], g), max(was[1], n))
+        return out
+
+
+def gpus_of(j: SlurmJob) -> int:
+    return sum(j.gpus_by_node) if j.gpus_by_node else j.gpus_per_node * j.node_count
