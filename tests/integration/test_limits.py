@@ -12,6 +12,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +253,38 @@ def test_submit_refuses_what_no_limit_allows_and_status_says_why(
     again = lsite.submit(ALICE, 1, 2, check=False)
     assert again.returncode != 0 and len(again.stderr.strip().splitlines()) == 1, again
     assert "MaxSubmitJobs" in again.stderr, again.stderr
+
+
+def test_a_limit_it_does_not_read_is_learned_from_the_refused_launch(
+    lsite: LimitSite, ctl: ControllerProc
+) -> None:
+    """QOS normal GrpTRESRunMins=gres/gpu=30, which the controller does not plan: an
+    elastic 1-8 GPU job with --time 10 is refused at 8 GPUs (80 GPU-minutes) and at 4
+    (QOSGrpGRESRunMinutes), each launch held within the cycle that sees it, and runs at 2;
+    the cap it learned is in the store and outlives a controller restart."""
+    pool = lsite.pool
+    sacctmgr(pool, "modify", "qos", "normal", "set", "GrpTRESRunMins=gres/gpu=30")
+    try:
+        with PendingWatch(pool) as watch:
+            ctl.start()
+            job = lsite.submit_id(ALICE, 1, 8, "--time", "10", work=12)
+            wait_for("the job running", lambda: ctl.phase(job) == "running", 120, ctl.log)
+            learned = ctl_meta(ctl, "learned_limits")
+            assert [c["reason"] for c in learned] == ["QOSGrpGRESRunMinutes"], learned
+            assert ctl.stop() == 0
+            ctl.start()  # a new controller on the same state keeps what was learned
+            assert ctl_meta(ctl, "learned_limits") == learned
+            finish(ctl, watch, {job})
+        refused = ctl.log.read_text().count("Slurm refused a launch (QOSGrpGRESRunMinutes)")
+        assert refused == 2, ctl.log.read_text()[-3000:]  # at 8 GPUs, then at 4
+        assert watch.peak({job}) == {None: (2, 1)}
+    finally:
+        sacctmgr(pool, "modify", "qos", "normal", "set", f"GrpTRESRunMins={TRES_OFF}")
+
+
+def ctl_meta(ctl: ControllerProc, key: str) -> Any:
+    store = ctl.store()
+    try:
+        return json.loads(store.get_meta(key) or "[]")
+    finally:
+        store.close()
