@@ -110,18 +110,23 @@ def _least(a: int | None, b: int | None) -> int | None:
 # --- pending reasons ------------------------------------------------------------------
 NOT_LIMITS = frozenset(
     {
-        "", "None", "Resources", "Priority", "Dependency", "BeginTime", "JobHeldUser",
-        "JobHeldAdmin", "Reservation", "ReqNodeNotAvail", "NodeDown", "BadConstraints",
-        "Licenses", "Prolog", "Cleaning", "PartitionDown", "PartitionInactive", "PowerUp",
-        "PowerDown", "FrontEndDown", "InvalidAccount", "InvalidQOS", "DependencyNeverSatisfied",
-        "launch failed requeued held", "JobLaunchFailure", "SystemFailure", "Scheduling",
-        "WaitingForScheduling", "BurstBufferResources", "BurstBufferStageIn", "ResvDeleted",
-        "SpecialExit", "NonZeroExitCode", "BootFail", "NodeFail", "OutOfMemory",
-        "JobArrayTaskLimit", "InactiveLimit", "TimeLimit", "DeadLine", "FedJobLock",
+        "", "None", "Prolog", "Priority", "Dependency", "Resources", "PartitionDown",
+        "PartitionInactive", "JobHeldAdmin", "JobHeldUser", "NvidiaImexChannels",
+        "BeginTime", "Licenses", "Reservation", "ReqNodeNotAvail", "SchedDefer", "NodeDown",
+        "BadConstraints", "SystemFailure", "JobLaunchFailure", "NonZeroExitCode",
+        "RaisedSignal", "TimeLimit", "InactiveLimit", "InvalidAccount", "InvalidQOS",
+        "Cleaning", "QOSNotAllowed", "AccountNotAllowed", "DependencyNeverSatisfied",
+        "JobHoldMaxRequeue", "JobArrayTaskLimit", "BurstBufferResources",
+        "BurstBufferStageIn", "BurstBufferOperation", "DeadLine", "FedJobLock", "OutOfMemory",
+        "ReservationDeleted", "ReservationInvalid", "Constraints", "MaxPoweredUpNodes",
+        "MpiPortsBusy", "InvalidReason", "QOSUsageThreshold", "QOSMinCpuNotSatisfied",
+        "SpecialExit", "launch failed requeued held", "WaitingForScheduling", "BootFail",
+        "NodeFail", "PowerUp", "PowerDown", "FrontEndDown", "ResvDeleted", "Scheduling",
     }
 )  # fmt: skip
-"""Pending reasons that say nothing of a limit on the job's size: it waits for GPUs, a
-node, a hold, a dependency, ... (Slurm's squeue(1), JOB REASON CODES)."""
+"""Pending reasons (Slurm's ``job_state_reason.c``, 22.05 to 25.11) that say nothing of a
+limit on the job's size: it waits for GPUs, a node, a hold, a dependency, a usage
+threshold, or a minimum it is below (``QOSMin*``)."""
 
 
 @dataclass(frozen=True)
@@ -129,11 +134,11 @@ class Refusal:
     """What a pending reason that names a limit says was refused.
 
     ``scope``: whose limit: "job" (each job alone: ``*PerJob``, ``*PerNode``, a
-    partition's), "user" (``*PerUser``, an association's ``MaxJobs``), "account"
-    (``*PerAccount``, an association's ``Grp*``), "qos" (a QOS's ``Grp*``), or "unknown"
-    (a reason hpcorch does not know: taken as a limit on the job below what it asked).
-    ``dim``: what it counts: gpus, nodes, cpus, mem_mb, jobs, or "time" (its time limit);
-    ``per_node``: a limit on each node of the job."""
+    partition's, ``MaxMemPerLimit``), "user" (``*PerUser``, an association's ``MaxJobs``
+    and ``MaxSubmitJobs``), "account" (``*PerAccount``, an association's ``Grp*``), "qos"
+    (a QOS's ``Grp*``), or "unknown" (a reason hpcorch does not know: taken as a limit on
+    the job below what it asked for). ``dim``: what it counts: gpus, nodes, cpus, mem_mb,
+    jobs, or "time" (its time limit); ``per_node``: a limit on each node of the job."""
 
     reason: str
     scope: str
@@ -145,45 +150,33 @@ def refusal(reason: str) -> Refusal | None:
     """What ``reason`` (a pending job's, as Slurm gives it) refuses; None where it names
     no limit on the job's size (:data:`NOT_LIMITS`, a node not available)."""
     r = reason.strip()
-    if r in NOT_LIMITS or r.startswith(("ReqNodeNotAvail", "Nodes required", "Resv")):
+    if r in NOT_LIMITS or r.startswith(("ReqNodeNotAvail", "Nodes required", "QOSMin")):
         return None
-    qos = r.startswith("QOS")
-    assoc = r.startswith("Assoc")
-    if not (qos or assoc or r.startswith(("Partition", "MaxMemPer", "MaxCpuPer", "MaxGRES"))):
-        if "Limit" in r or "Max" in r:
-            return Refusal(r, "job", _dimension(r), "PerNode" in r)
-        return Refusal(r, "unknown", "gpus")
     dim = _dimension(r)
-    per_node = "PerNode" in r or r.startswith(("MaxMemPer", "MaxCpuPer"))
-    if r.startswith("Partition"):
-        return Refusal(r, "job", "time" if "Time" in r else "nodes" if "Node" in r else "gpus")
-    if "PerJob" in r or per_node or r.startswith(("MaxMemPer", "MaxGRES")):
-        return Refusal(r, "job", dim, per_node)
-    if "PerUser" in r or (assoc and r.startswith(("AssocMaxJobs", "AssocMaxSubmit"))):
+    per_node = "PerNode" in r or r == "MaxMemPerLimit"
+    if "PerUser" in r or r.startswith(("AssocMaxJobs", "AssocMaxSubmit")):
         return Refusal(r, "user", dim)
-    if "PerAccount" in r or assoc:
+    if "PerAccount" in r:
         return Refusal(r, "account", dim)
-    if "Wall" in r or "TimeLimit" in r:
-        return Refusal(r, "job", "time")
-    return Refusal(r, "qos", dim)
+    if "PerJob" in r or per_node or r.startswith(("Partition", "MaxMemPer")):
+        return Refusal(r, "job", dim, per_node)
+    if r.startswith(("AssocGrp", "Association")):
+        return Refusal(r, "account", dim)
+    if r.startswith(("QOSGrp", "QOSJob", "QOSResource", "QOSTime")):
+        return Refusal(r, "qos", dim)
+    return Refusal(r, "unknown", "gpus")
 
 
 def _dimension(reason: str) -> str:
     r = reason
-    if "Wall" in r or r.endswith("TimeLimit"):
+    if "Wall" in r or r.endswith(("TimeLimit", "TimeLimit)")):
         return "time"
-    if "Minutes" in r:  # a TRES-minutes budget: fewer GPUs spend less of it
+    if "Minutes" in r or "RunMins" in r:  # a TRES-minutes budget: fewer GPUs spend less
         return "gpus"
-    words = (
-        ("Cpu", "cpus"),
-        ("CPU", "cpus"),
-        ("Mem", "mem_mb"),
-        ("GRES", "gpus"),
-        ("Node", "nodes"),
-    )
-    for word, dim in words:
+    words = ("Cpu", "cpus"), ("CPU", "cpus"), ("Mem", "mem_mb"), ("GRES", "gpus")
+    for word, dim in (*words, ("Node", "nodes")):
         if word in r:
             return dim
-    if "Job" in r:  # running (or submitted) jobs
-        return "jobs"
-    return "gpus"
+    if "Jobs" in r or "SubmitJob" in r or r in ("QOSJobLimit", "AssociationJobLimit"):
+        return "jobs"  # running (or submitted) jobs
+    return "gpus"  # GPUs, and what more GPUs use more of (billing, energy, licenses...)

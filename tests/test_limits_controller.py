@@ -60,7 +60,8 @@ def test_pending_reasons() -> None:
             "QOSMaxJobsPerUserLimit", "QOSGrpJobsLimit", "QOSMaxNodePerJobLimit",
             "QOSMaxWallDurationPerJobLimit", "AssocMaxGRESPerJob", "AssocMaxJobsLimit",
             "AssocGrpGRES", "AssocGrpJobsLimit", "PartitionNodeLimit", "PartitionTimeLimit",
-            "AssocGrpGRESRunMinutes", "SomethingNew",
+            "AssocGrpGRESRunMinutes", "SomethingNew", "MaxGRESPerAccount",
+            "QOSMaxBillingPerJob", "AccountingPolicy",
         )
         if (w := refusal(r)) is not None
     }  # fmt: skip
@@ -73,8 +74,10 @@ def test_pending_reasons() -> None:
         "AssocMaxJobsLimit": ("user", "jobs"), "AssocGrpGRES": ("account", "gpus"),
         "AssocGrpJobsLimit": ("account", "jobs"), "PartitionNodeLimit": ("job", "nodes"),
         "PartitionTimeLimit": ("job", "time"), "AssocGrpGRESRunMinutes": ("account", "gpus"),
-        "SomethingNew": ("unknown", "gpus"),
+        "SomethingNew": ("unknown", "gpus"), "MaxGRESPerAccount": ("account", "gpus"),
+        "QOSMaxBillingPerJob": ("job", "gpus"), "AccountingPolicy": ("unknown", "gpus"),
     }  # fmt: skip
+    assert refusal("QOSMinGRES") is None  # below a minimum: a cap below would not help
 
 
 def test_the_policy_sees_each_jobs_bounds_and_its_groups_room() -> None:

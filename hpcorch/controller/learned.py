@@ -90,10 +90,11 @@ def group_key(rec: JobRecord, why: Refusal, book: LimitBook) -> str:
     """The group a refusal's limit counts: its cap in the book where the book has one of
     that kind for the job (the tightest where several could be), else the user's jobs."""
     keys = book.jobs.get(rec.slurm_id, ())
+    assoc = why.reason.startswith("Assoc")  # else a QOS's (MaxGRESPerAccount is one)
     if why.scope == "user":
-        kinds = ("/user/",) if why.reason.startswith("QOS") else ("assoc/",)
+        kinds = ("assoc/",) if assoc else ("/user/",)
     elif why.scope == "account":
-        kinds = ("/account/",) if why.reason.startswith("QOS") else ("assoc/",)
+        kinds = ("assoc/",) if assoc else ("/account/",)
     else:
         kinds = ("qos/",)
     found = [
@@ -120,7 +121,7 @@ def learn(
 ) -> Learned:
     """The cap a refused launch of ``rec`` at ``shape`` teaches (see the module)."""
     per_node = max(shape.per_node) if shape.per_node else shape.gpus_per_node
-    if why.scope in ("job", "unknown"):
+    if why.scope in ("job", "unknown") or why.dim == "time":
         if why.dim == "time":
             dim, value = "time", 0
         elif why.dim == "nodes" and not why.per_node:

@@ -25,6 +25,7 @@ from hpcorch.policy.limit_types import GroupCap, JobLimit, Limits
 
 LIMIT_WAIT = "waiting for the limit"
 NEVER = "can never run within the limits"
+UNITS = {"gpus": "GPUs", "nodes": "nodes", "jobs": "jobs"}
 
 
 def _least(*values: int | None) -> int | None:
@@ -147,7 +148,7 @@ def limit_wait(
             total = have[d] + outside.get(d, 0) + need[d]
             if total > limit:
                 return (
-                    f"{LIMIT_WAIT} {what}: {have[d] + outside.get(d, 0)} {d} held "
+                    f"{LIMIT_WAIT} {what}: {have[d] + outside.get(d, 0)} {UNITS[d]} held "
                     f"({outside.get(d, 0)} outside the pool), {need[d]} more would pass it"
                 )
     return ""
@@ -170,7 +171,7 @@ def blocked(
         which = [c.describe() for c in book.of(rec.slurm_id) if c.per_job]
         which += [c.text() for c in learned if c.key == f"job/{rec.slurm_id}"]
         return (
-            f"{NEVER}: {'; '.join(which) or 'its limits'} allow at most {most} GPUs, below "
+            f"{NEVER}: at most {most} GPUs ({'; '.join(which) or 'its limits'}), below "
             f"its minimum of {lo} (resubmit with --min-gpus {max(1, most)} or another "
             "QOS or account)"
         )
