@@ -10,8 +10,8 @@ The bundled workload's jobs are given ``--users`` users in turn; a QOS allows ea
 runs: no limit; the limit, which the controller reads (as ``scontrol show assoc_mgr``
 shows it); and the limit hidden from it, which it learns only from launches Slurm keeps
 pending (``QOSMaxGRESPerUser``). Prints each run's average and p99 JCT, how many launches
-Slurm kept pending for the limit and for how long at most, and the most GPUs a user held
-at once.
+Slurm kept pending for the limit and for how long at most, the most GPUs a user held at
+once, and the policy's mean decision time (CPU).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def run(workload: str, policy: str, limits: SimLimits | None) -> dict[str, float
         "limit_pending_max_s": res.extra["limit_pending_max_s"],
         "user_gpus_max": float(peak[0]),
         "jobs": float(len(jct)),
+        "decide_ms": 1000 * float(np.mean(res.decision_s)) if res.decision_s else 0.0,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -86,14 +87,14 @@ def main() -> None:
         "(jobs in turn), through the controller over the simulated Slurm"
     )
     head = f"{'run':<28} {'avg JCT':>9} {'p99 JCT':>9} {'pending':>8} {'longest':>8}"
-    print(head + f" {'user GPUs':>10} {'wall':>6}")
+    print(head + f" {'user GPUs':>10} {'decide':>8} {'wall':>6}")
     out: dict[str, dict[str, float]] = {}
     for name, lim in runs.items():
         r = out[name] = run(args.workload, args.policy, lim)
         print(
             f"{name:<28} {r['avg_jct_s']:>8.0f}s {r['p99_jct_s']:>8.0f}s "
             f"{r['limit_pending']:>8.0f} {r['limit_pending_max_s']:>7.1f}s "
-            f"{r['user_gpus_max']:>10.0f} {r['wall_s']:>5.0f}s"
+            f"{r['user_gpus_max']:>10.0f} {r['decide_ms']:>6.0f}ms {r['wall_s']:>5.0f}s"
         )
     base = out["no limit"]["avg_jct_s"]
     for name, r in out.items():
