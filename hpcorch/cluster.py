@@ -74,6 +74,11 @@ class ObservedJob:
     special_exit: bool = False
     """Requeued held by the job itself after a checkpoint on request (Slurm's SPECIAL_EXIT
     state; the job wrapper's ``requeuehold State=SpecialExit``): a relaunch to make."""
+    batch: bool = True
+    """A batch job; False for an interactive allocation (salloc, srun), which Slurm can
+    neither signal through a batch script nor requeue: it cannot keep the pool's contract."""
+    requeue: bool = True
+    """Slurm may requeue it (False: ``--no-requeue``, or ``Requeue=0`` set by an update)."""
 
     @property
     def gpus(self) -> int:
@@ -191,6 +196,13 @@ class Cluster(Protocol):
         """Put a job that ended (or is running: it is killed) back in the queue, held."""
 
     def cancel(self, slurm_id: int) -> None: ...
+    def allow_requeue(self, slurm_id: int) -> None:
+        """Let Slurm requeue a pool job again (its owner or an admin set ``Requeue=0``)."""
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        """Jobs among ``slurm_ids`` that the scheduler still lists outside the pool: id ->
+        the reservation they are in now ('' none). Those it no longer lists are absent."""
+
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
         """Hand a job the plan of its next launch, readable by its owner (``uid``). The
         Slurm side writes it to the controller's spool, never to a path a user chose."""

@@ -333,6 +333,11 @@ def pool_nodes(
     if not nodes.isdigit():
         return nodes
     want = int(nodes)
+    if want < 1:
+        raise HpcorchError(
+            f"--nodes {nodes}: give the number of idle GPU nodes the reservation is to hold "
+            "(at least 1), or name the nodes (e.g. n[1-4])"
+        )
     part = partition or cluster.backend.partitions()[1]
     taken = {n for names in cluster.backend.reservations().values() for n in names}
     idle = [
@@ -341,7 +346,7 @@ def pool_nodes(
         if part in n.partitions and n.gpus and n.usable and not n.gpus_used
         and not n.cpus_used and n.name not in taken
     ]  # fmt: skip
-    if want < 1 or len(idle) < want:
+    if len(idle) < want:
         raise HpcorchError(
             f"--nodes {want}: partition '{part}' has {len(idle)} idle GPU node(s) outside "
             f"other reservations ({','.join(idle) or 'none'}); name the nodes instead"

@@ -55,8 +55,16 @@ def _inert(sid: int, name: str, user: str, submitted: float, phase: str, now: fl
     )
 
 
+INTERACTIVE = (
+    "an interactive allocation (salloc, srun) can neither be asked to checkpoint through a "
+    "batch script nor be requeued: the pool runs batch jobs only (hpcorch submit)"
+)
+
+
 def new_record(j: ObservedJob, now: float) -> JobRecord:
     """The record of a job the controller has not seen before."""
+    if not j.batch:
+        return refused(j, now, INTERACTIVE)
     try:
         t = parse_tags(j.tags)
     except TagError as exc:

@@ -32,12 +32,21 @@ from hpcorch.controller.reports import digest
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
 from hpcorch.controller.validate import TagError, pin_of, printable, request_of
+from hpcorch.controller.waiting import NEVER, WAITING, fits, why_waiting
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
 
 __all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "cancel": 2, "start": 3, "rebatch": 4}
+ACTION_ORDER = {
+    "allow_requeue": 0,
+    "signal": 0,
+    "hold": 1,
+    "requeue_hold": 2,
+    "cancel": 2,
+    "start": 3,
+    "rebatch": 4,
+}
 
 
 LOG_LINES_PER_JOB = 5
@@ -101,11 +110,18 @@ class Controller:
         types = {n.name: n.gpu_type for n in obs.nodes}
         changed = self._adopt_new(obs, now)
         records = self.records.active()
+        elsewhere = self._locate([r.slurm_id for r in records if r.slurm_id not in observed])
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             try:
                 out = reconcile.observe(
-                    rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings, types
+                    rec,
+                    observed.get(rec.slurm_id),
+                    now,
+                    pool_nodes,
+                    self.config.settings,
+                    types,
+                    elsewhere.get(rec.slurm_id),
                 )
             except Exception as exc:
                 self._job_error(rec, "following its state", exc)
@@ -224,6 +240,19 @@ class Controller:
                 self.log(f"{who} {what} {rec.phase}")
         return bool(seen)
 
+    def _locate(self, missing: Sequence[int]) -> dict[int, str]:
+        """Where Slurm lists the followed jobs the pool's observation lacks (moved out of
+        the reservation); {} when none is missing or Slurm cannot say (they count as lost,
+        and are re-adopted if they come back)."""
+        if not missing:
+            return {}
+        try:
+            return self.cluster.locate(missing)
+        except Exception as exc:
+            ids = ", ".join(map(str, missing[:5]))
+            self.warn(f"cannot tell where jobs {ids} went: {describe(exc)}")
+            return {}
+
     # --- bookkeeping --------------------------------------------------------------------
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
         """An exception from one job's handling: the job's reason says so, one log line
@@ -293,8 +322,13 @@ class Controller:
                 self._history_ids.add(rec.slurm_id)
             self.records.forget_samples(rec.slurm_id)
             self._profiles.forget(rec.slurm_id)
-        # a queued job backing off after a failed start is not planned: its GPUs go to others
+        # a queued job backing off after a failed start is not planned: its GPUs go to others;
+        # nor is one whose minimum the pool cannot give now (waiting.py says why)
         active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
+        unfit = [r for r in active if r.phase == "queued" and r.min_gpus > fits(r, obs.nodes)]
+        for rec in unfit:
+            self._waiting(rec, records, obs, now)
+        active = [r for r in active if r not in unfit]
         pins, requests = self._requests(obs, active)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
         samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
@@ -367,7 +401,18 @@ class Controller:
                 continue
             acts += [(rec, a) for a in out.actions]
             self._events(rec, out.events)
+            if rec.phase == "queued" and not rec.retry_at:
+                self._waiting(rec, records, obs, now)
         return decision_s, acts
+
+    def _waiting(
+        self, rec: JobRecord, records: Sequence[JobRecord], obs: Observation, now: float
+    ) -> None:
+        """A queued job the round did not start: why it waits (waiting.py), where its
+        reason is the plain wait or a minimum the pool can never give."""
+        why = why_waiting(rec, records, obs.nodes, now, self.config.settings)
+        if why.startswith(NEVER) or rec.reason.startswith((WAITING, NEVER)):
+            rec.reason = why
 
     def _requests(
         self, obs: Observation, active: Sequence[JobRecord]

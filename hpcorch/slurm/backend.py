@@ -106,6 +106,10 @@ class SlurmBackend(Protocol):
         ...
 
     def set_comment(self, job_id: int, comment: str) -> None: ...
+    def allow_requeue(self, job_id: int) -> None:
+        """Let Slurm requeue the job again (``Requeue=1``)."""
+        ...
+
     def hold(self, job_id: int) -> None: ...
     def release(self, job_id: int) -> None: ...
     def requeue_hold(self, job_id: int) -> None: ...
@@ -330,6 +334,9 @@ class SlurmCLI:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+
+    def allow_requeue(self, job_id: int) -> None:
+        self.scontrol("update", f"jobid={job_id}", "Requeue=1")
 
     def hold(self, job_id: int) -> None:
         self.scontrol("hold", str(job_id))

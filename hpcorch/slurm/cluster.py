@@ -203,6 +203,8 @@ class SlurmCluster:
                     uid=j.uid,
                     per_node=per_node,
                     special_exit=j.special_exit,
+                    batch=j.batch,
+                    requeue=j.requeue,
                 )
             )
         nodes = []
@@ -297,6 +299,19 @@ class SlurmCluster:
 
     def cancel(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id)
+
+    def allow_requeue(self, slurm_id: int) -> None:
+        self.backend.allow_requeue(slurm_id)
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        """Where Slurm lists these jobs now, outside the pool: id -> reservation ('' none).
+        One call, made only when jobs the controller follows leave its observation."""
+        wanted = set(slurm_ids)
+        return {
+            j.job_id: j.reservation
+            for j in self.backend.jobs()
+            if j.job_id in wanted and j.reservation != self.reservation
+        }
 
     @staticmethod
     def _tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:

@@ -117,6 +117,10 @@ class SlurmJob:
     special_exit: bool = False
     """Requeued held in Slurm's SPECIAL_EXIT state: what hpcorch's job wrapper does to its
     job after a checkpoint on request (``requeuehold State=SpecialExit``)."""
+    batch: bool = True
+    """A batch job (sbatch); False for an interactive allocation (salloc, srun)."""
+    requeue: bool = True
+    """Slurm may requeue it (False: ``--no-requeue`` or ``scontrol update Requeue=0``)."""
 
     @property
     def gpus(self) -> int:
@@ -235,7 +239,18 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         account=str(raw.get("account") or ""),
         qos=str(raw.get("qos") or ""),
         cpus=_num(raw.get("cpus")),
+        batch=_flag(raw.get("batch_flag"), True),
+        requeue=_flag(raw.get("requeue"), True),
     )
+
+
+def _flag(value: Any, default: bool) -> bool:
+    """A boolean field: true/false, 0/1, or absent (``default``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return bool(value)
+    return default
 
 
 def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:

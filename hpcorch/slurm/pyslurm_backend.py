@@ -188,6 +188,9 @@ class PySlurmBackend:
     def set_comment(self, job_id: int, comment: str) -> None:
         self._modify(job_id, comment=comment)
 
+    def allow_requeue(self, job_id: int) -> None:
+        self._modify(job_id, is_requeueable=True)
+
     def hold(self, job_id: int) -> None:
         job = self._job(job_id)
         self._rpc("hold", lambda: job.hold())

@@ -265,7 +265,18 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         account=_str(getattr(job, "account", "")),
         cpus=_int(getattr(job, "cpus", 0)),
         qos=_str(getattr(job, "qos", "")),
+        batch=_batch_flag(job),
+        requeue=bool(getattr(job, "is_requeueable", True)),
     )
+
+
+def _batch_flag(job: Any) -> bool:
+    """Whether a ``pyslurm.Job`` is a batch job (not salloc/srun): pyslurm's own flag
+    where it has one."""
+    flag = getattr(job, "batch_flag", None)
+    if flag is None:
+        flag = getattr(job, "is_batch", True)
+    return bool(flag)
 
 
 def node_from_pyslurm(node: Any, gpus_used: int = 0) -> SlurmNode:
