@@ -116,6 +116,21 @@ class ForeignJob:
         }
 
 
+LEASE_TAG = "hpcorch-lease:"
+"""The comment prefix of the placeholder job that holds the pool's lease (one controller
+acts on a pool: hpcorch/controller/lease.py)."""
+
+
+@dataclass(frozen=True)
+class LeaseJob:
+    """A lease placeholder job as the scheduler lists it."""
+
+    slurm_id: int
+    uid: int
+    comment: str
+    ended: bool = False
+
+
 @dataclass(frozen=True)
 class Observation:
     time: float
@@ -129,6 +144,8 @@ class Observation:
     foreign: tuple[ForeignJob, ...] = ()
     """Jobs on the pool's nodes the controller did not place (their GPUs are in
     ``PoolNode.gpus_foreign``)."""
+    leases: tuple[LeaseJob, ...] = ()
+    """The pool's lease jobs (which controller may act on it)."""
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,8 @@ from hpcorch.controller import adopt, reconcile
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.execute import Executor
 from hpcorch.controller.guard import PoolGuard
-from hpcorch.controller.logs import describe, disk_full, log_info, log_warning
+from hpcorch.controller.lease import Lease
+from hpcorch.controller.logs import describe, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
@@ -61,8 +62,12 @@ class Controller:
         policy: Policy,
         config: LoopConfig | None = None,
         log: Callable[[str], None] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.cluster = cluster
+        self.lease = lease
+        """The pool's lease this controller holds (None: acts without one, as simulated):
+        checked before every cycle's actions (hpcorch/controller/lease.py)."""
         self.store = store
         self.policy = policy
         self.config = config or LoopConfig()
@@ -104,6 +109,8 @@ class Controller:
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
+        if self.lease is not None:
+            self.lease.check(obs.leases)  # LeaseLost: another controller acts on the pool
         now = obs.time
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}
@@ -492,46 +499,6 @@ class Controller:
         if self.config.max_calls_per_s > 0:
             fast = max(fast, calls / self.config.max_calls_per_s)
         return fast
-
-    def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
-        """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
-        between while a transition is in flight. A failed cycle is retried after a back-off;
-        a full state directory is said once, and retried every ``interval_s`` (nothing is
-        done meanwhile: running jobs keep running, none starts, stops or resizes)."""
-        backoff = self.config.interval_s
-        last_full = -1e18
-        full_since = 0.0
-        clock = self.cluster.now
-        while not should_stop():
-            t0 = clock()
-            full = t0 - last_full >= self.config.interval_s
-            try:
-                stats = self.cycle(full=full)
-                backoff = self.config.interval_s
-            except Exception as exc:
-                if disk_full(exc):
-                    if not full_since:
-                        full_since = t0
-                        self.warn(
-                            f"the controller's state cannot be written ({describe(exc)}): no "
-                            "decision until there is space again; running jobs keep running, "
-                            "none starts, stops or resizes meanwhile"
-                        )
-                    sleep(self.config.interval_s)
-                    continue
-                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
-                sleep(backoff)
-                backoff = min(backoff * 2, 300.0)
-                continue
-            if full_since:
-                self.log(f"the controller's state is writable again after {t0 - full_since:.0f} s")
-                full_since = 0.0
-            if full:
-                last_full = t0
-            wait = self.next_interval(stats.slurm_calls)
-            if not self.in_flight():  # the next full cycle is due interval_s after this one
-                wait = max(0.0, last_full + self.config.interval_s - t0)
-            sleep(max(0.0, wait - (clock() - t0)))
 
 
 def _in_transition(rec: JobRecord) -> bool:

@@ -17,17 +17,28 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcorch.cluster import ENDED_STATES, ForeignJob, Observation, ObservedJob, PoolNode, Shape
+from hpcorch.cluster import (
+    ENDED_STATES,
+    LEASE_TAG,
+    ForeignJob,
+    LeaseJob,
+    Observation,
+    ObservedJob,
+    PoolNode,
+    Shape,
+)
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.parse import SlurmJob, SlurmNode
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
+LEASE_NAME = "hpcorch-lease"
 DAY = 86400.0
 RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
 RENEW_BEFORE_S = 30 * DAY
@@ -67,6 +78,8 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self._partition = ""
+        """A partition every pool node is in (where the lease job is submitted)."""
 
     @property
     def calls(self) -> int:
@@ -149,11 +162,13 @@ class SlurmCluster:
         jobs = self.backend.jobs(self.reservation)
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
+        self._partition = _common_partition([by_name[p] for p in pool if p in by_name])
         # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
         rank = {n.name: i for i, n in enumerate(listed)}
         pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
         observed = []
         foreign: list[ForeignJob] = []
+        leases: list[LeaseJob] = []
         held = _Held()
         cpus_per_gpu: dict[int, int] = {}
         for j in jobs:
@@ -170,6 +185,9 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
+            if j.comment.startswith(LEASE_TAG):
+                leases.append(_lease(j))
+                continue
             tags = parse_comment(j.comment)
             holds = names and j.state not in ENDED_STATES
             gpus = per_node or (per_gpu,) * len(names)
@@ -251,6 +269,7 @@ class SlurmCluster:
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
             foreign=tuple(foreign),
+            leases=tuple(leases),
         )
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
@@ -259,6 +278,33 @@ class SlurmCluster:
             return
         self._spool_swept_at = time.monotonic()
         self.spool.discard_except(set(known))
+
+    # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
+    def lease_jobs(self) -> list[LeaseJob]:
+        return [
+            _lease(j)
+            for j in self.backend.jobs(self.reservation)
+            if j.reservation == self.reservation and j.comment.startswith(LEASE_TAG)
+        ]
+
+    def create_lease(self, comment: str) -> int:
+        """A held placeholder job in the reservation, never run (``exit 0`` if an operator
+        released it), on the partition of the pool's nodes."""
+        args = ["--hold", f"--reservation={self.reservation}", f"--job-name={LEASE_NAME}"]
+        args += ["--nodes=1", "--time=1", "--output=/dev/null", "--chdir=/"]
+        args += [f"--comment={comment}"]
+        if not self._partition:
+            pool = set(self.reservation_nodes())
+            self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
+        if self._partition:
+            args.append(f"--partition={self._partition}")
+        return self.backend.submit("#!/bin/sh\nexit 0\n", args)
+
+    def write_lease(self, slurm_id: int, comment: str) -> None:
+        self.backend.set_comment(slurm_id, comment)
+
+    def drop_lease(self, slurm_id: int) -> None:
+        self._tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -352,6 +398,18 @@ class _Held:
     def on(self, kind: str, name: str) -> tuple[int, int]:
         g, c = self._by.get((kind, name), (0, 0))
         return g, c
+
+
+def _common_partition(nodes: Sequence[SlurmNode]) -> str:
+    """The first partition (in the first node's order) that every one of ``nodes`` is in."""
+    if not nodes:
+        return ""
+    rest = [set(n.partitions) for n in nodes[1:]]
+    return next((p for p in nodes[0].partitions if all(p in r for r in rest)), "")
+
+
+def _lease(j: SlurmJob) -> LeaseJob:
+    return LeaseJob(j.job_id, j.uid, j.comment, ended=j.state in ENDED_STATES)
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:
