@@ -44,6 +44,10 @@ class PoolNode:
     """CPUs held by jobs the controller did not place."""
     gpu_type: str = ""
     """The node's GPU type as Slurm names it (``Gres=gpu:a100:4``), "" when untyped."""
+    leaving: str = ""
+    """Why the node is to be emptied though it still runs its jobs (an admin drains it, a
+    reboot is pending): its jobs move off it at their next safe point and nothing new is
+    planned on it ('': it is not). Such a node is not ``usable``."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class ObservedJob:
     neither signal through a batch script nor requeue: it cannot keep the pool's contract."""
     requeue: bool = True
     """Slurm may requeue it (False: ``--no-requeue``, or ``Requeue=0`` set by an update)."""
+    time_limit_min: int = 0
+    """Its time limit in minutes (0: none, or not known)."""
 
     @property
     def gpus(self) -> int:
@@ -116,6 +122,22 @@ class ForeignJob:
         }
 
 
+@dataclass(frozen=True)
+class Window:
+    """Another reservation on some of the pool's nodes (a maintenance window, an admin's
+    reservation): from ``start`` to ``end`` (Unix times) they are not the pool's."""
+
+    name: str
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    flags: tuple[str, ...] = ()
+
+    @property
+    def maintenance(self) -> bool:
+        return "MAINT" in self.flags
+
+
 LEASE_TAG = "hpcorch-lease:"
 """The comment prefix of the placeholder job that holds the pool's lease (one controller
 acts on a pool: hpcorch/controller/lease.py)."""
@@ -146,6 +168,8 @@ class Observation:
     ``PoolNode.gpus_foreign``)."""
     leases: tuple[LeaseJob, ...] = ()
     """The pool's lease jobs (which controller may act on it)."""
+    windows: tuple[Window, ...] = ()
+    """Other reservations on the pool's nodes that have not ended (maintenance windows)."""
 
 
 @dataclass(frozen=True)
@@ -165,6 +189,9 @@ class Shape:
     per_node: tuple[int, ...] = ()
     gpu_type: str = ""
     """The GPU type the launch requests (``--gres=gpu:<type>:N``; "": any)."""
+    time_limit_min: int = 0
+    """The launch's time limit in minutes (-1: none; 0: as the job has it): cut to end
+    before a window on its nodes starts (hpcorch/controller/availability.py)."""
 
     @property
     def gpus(self) -> int:

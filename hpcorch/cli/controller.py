@@ -147,6 +147,14 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Seconds Slurm may keep a released launch pending before it is held and planned again.",
 )
 @click.option(
+    "--startup",
+    type=params.Number(10.0, 86400.0),
+    default=600.0,
+    show_default=True,
+    help="Seconds a launch may take to report that training started; it keeps its GPUs "
+    "meanwhile (it cannot checkpoint yet), then may be stopped like any other.",
+)
+@click.option(
     "--max-retries",
     type=params.Integer(0, 1000),
     default=2,
@@ -227,6 +235,7 @@ def controller(
     restart_cost: float,
     grace: float,
     launch_pending: float,
+    startup: float,
     max_retries: int,
     min_run: float,
     seed: int,
@@ -288,6 +297,7 @@ def controller(
                 max_retries=max_retries,
                 min_run_s=min_run,
                 launch_pending_s=launch_pending,
+                startup_s=startup,
             ),
         )
         chosen = make_policy(policy, seed)

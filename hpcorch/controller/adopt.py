@@ -100,6 +100,7 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         max_relaunches=DEFAULT_MAX_RELAUNCHES if t.max_relaunches is None else t.max_relaunches,
         uid=j.uid,
         gpu_types=",".join(t.gpu_types),
+        time_limit_min=j.time_limit_min if j.time_limit_min > 0 else -1,
     )
     # the length its user declared, until the job reports its own
     if t.epochs:

@@ -13,6 +13,11 @@ from hpcorch.controller.store import JobRecord
 from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
 from hpcorch.timefmt import fmt_duration
 
+LEAVING = "leaving "
+"""The reason a job moving off a node starts with (hpcorch/controller/availability.py)."""
+MOVED = "moved off "
+"""... and once it checkpointed to move."""
+
 
 def left(rec: JobRecord, now: float, where: str, out: Outcome) -> None:
     """Moved out of the pool's reservation (``scontrol update ReservationName=``): Slurm
@@ -116,7 +121,12 @@ def checkpointed(
             )
             return
     if rec.phase == "stopping":
-        if rec.target_gpus == 0:
+        if rec.reason.startswith(LEAVING):
+            # moved off a node an admin drains or a window takes: said as such
+            why = MOVED + rec.reason[len(LEAVING) :]
+            if rec.target_gpus == 0:
+                why += ": checkpointed and queued"
+        elif rec.target_gpus == 0:
             why = "preempted: checkpointed and queued"
         else:
             why = f"resized {rec.gpus} -> {rec.target_gpus} GPUs"

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 from hpcorch.cluster import Cluster, Observation
-from hpcorch.controller import adopt, reconcile
+from hpcorch.controller import adopt, availability, reconcile
+from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.execute import Executor
 from hpcorch.controller.guard import PoolGuard
@@ -30,12 +32,10 @@ from hpcorch.controller.logs import describe, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
-from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
+from hpcorch.controller.rounds import Rounds
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
-from hpcorch.controller.validate import TagError, pin_of, printable, request_of
-from hpcorch.controller.waiting import NEVER, WAITING, fits, why_waiting
-from hpcorch.policy.split import split_schedule
-from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
+from hpcorch.controller.validate import printable
+from hpcorch.policy.types import CompletedJob, Policy
 
 __all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
 
@@ -69,21 +69,16 @@ class Controller:
         """The pool's lease this controller holds (None: acts without one, as simulated):
         checked before every cycle's actions (hpcorch/controller/lease.py)."""
         self.store = store
-        self.policy = policy
-        self.config = config or LoopConfig()
+        self._config = config or LoopConfig()
         self.log = log or log_info
         """Where the controller's lines go (tests pass their own; default: logging)."""
         self.warn = log or log_warning
         """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None
-        self.last_decision_s = 0.0
-        self.history: list[CompletedJob] = []
-        self._history_ids: set[int] = set()
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
         self._pool_meta = ""
-        self._profiles = Profiles()
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
         self.guard = PoolGuard(self.warn)
@@ -94,6 +89,41 @@ class Controller:
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
         """Every job's record as the store holds it (the controller is its only writer)."""
+        self.rounds = Rounds(
+            policy,
+            self.config,
+            self.records,
+            self.executor.plan_batch,
+            self._note,
+            self._events,
+            self.warn,
+        )
+        """Scheduling rounds: the policy, and what it learned (rounds.py)."""
+
+    @property
+    def config(self) -> LoopConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LoopConfig) -> None:
+        """A new configuration, for every part of the loop."""
+        self._config = self.rounds.config = self.executor.config = config
+
+    @property
+    def policy(self) -> Policy:
+        return self.rounds.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.rounds.policy = policy
+
+    @property
+    def history(self) -> list[CompletedJob]:
+        return self.rounds.history
+
+    @property
+    def last_decision_s(self) -> float:
+        return self.rounds.last_decision_s
 
     # --- one cycle ----------------------------------------------------------------------
     def cycle(self, full: bool = True) -> CycleStats:
@@ -142,10 +172,12 @@ class Controller:
         self._account(records, now)
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
+        fate = availability.fates(obs.nodes, obs.windows, now, self.config.settings)
         if changed or now - self.last_round >= self.config.round_s:
-            decision_s, acts = self._schedule(obs, records, now)
+            decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
             self.last_round = now
+        pending = [(r, self._limited(r, a, fate, now)) for r, a in pending]
         try:
             claims = reconcile.start_claims(records, pool_nodes)
         except Exception as exc:
@@ -317,135 +349,13 @@ class Controller:
         self.records.stage(new)  # stored with the cycle's records
 
     # --- scheduling ---------------------------------------------------------------------
-    def _schedule(
-        self,
-        obs: Observation,
-        records: Sequence[JobRecord],
-        now: float,
-    ) -> tuple[float, list[tuple[JobRecord, Action]]]:
-        for rec in self.records.ended():
-            if rec.phase == "done" and rec.slurm_id not in self._history_ids:
-                self.history.append(completed(rec, self.records.samples(rec.slurm_id)))
-                self._history_ids.add(rec.slurm_id)
-            self.records.forget_samples(rec.slurm_id)
-            self._profiles.forget(rec.slurm_id)
-        # a queued job backing off after a failed start is not planned: its GPUs go to others;
-        # nor is one whose minimum the pool cannot give now (waiting.py says why)
-        active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
-        unfit = [r for r in active if r.phase == "queued" and r.min_gpus > fits(r, obs.nodes)]
-        for rec in unfit:
-            self._waiting(rec, records, obs, now)
-        active = [r for r in active if r not in unfit]
-        pins, requests = self._requests(obs, active)
-        tags = {j.slurm_id: j.tags for j in obs.jobs}
-        samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
-        t0 = time.perf_counter()
-        try:
-            snapshot = build_snapshot(
-                now,
-                obs.nodes,
-                active,
-                samples,
-                self.history,
-                pins,
-                self.config.round_s,
-                self.config.restart_cost_s,
-                requests,
-                obs.fair_shares,
-                self.config.settings,
-                self._profiles,
-                self.config.mix_types,
-            )
-            t0 = time.perf_counter()
-            plan = split_schedule(self.policy, snapshot)
-            validate_plan(snapshot, plan)
-        except Exception as exc:
-            # An empty plan would preempt every job: keep every allocation as it is.
-            what = "gave an invalid plan" if isinstance(exc, PlanError) else "failed"
-            msg = f"policy {self.policy.name} {what}, plan ignored: {describe(exc)}"
-            if self._errors.get((0, "policy")) != msg:
-                self._errors[(0, "policy")] = msg
-                self.warn(msg)
-            self.last_decision_s = time.perf_counter() - t0
-            return self.last_decision_s, []
-        self._errors.pop((0, "policy"), None)
-        decision_s = time.perf_counter() - t0
-        self.last_decision_s = decision_s
-        targets = plan.by_id()
-        pool_nodes = tuple(n.name for n in obs.nodes)
-        acts: list[tuple[JobRecord, Action]] = []
-        unusable = {n.name for n in obs.nodes if not n.usable}
-        for rec in active:
-            if rec.phase not in ("queued", "running"):
-                continue
-            if unusable & set(rec.node_list.split(",")):
-                continue  # on a failed node: Slurm requeues it; nothing to ask of it
-            if rec.phase == "running" and not rec.movable:
-                rec.reason = rec.fixed_reason()
-                continue
-            jp = targets.get(str(rec.slurm_id))
-            gpus = jp.gpus if jp else 0
-            if jp is not None:
-                rec.target_batch = jp.global_batch
-            live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
-            try:
-                out = reconcile.decide(
-                    rec,
-                    gpus,
-                    dict(jp.placement) if jp else {},
-                    now,
-                    pool_nodes,
-                    self.config.settings,
-                    jp.cpus_per_gpu if jp else 0,
-                    self.executor.plan_batch.get(rec.slurm_id, 0),
-                    live and bool(rec.job_dir),
-                    restart_cost_s=self.config.restart_cost_s,
-                    gpu_type=planned_type(snapshot, jp),
-                    chose_type=bool(jp and jp.gpu_type),
-                )
-            except Exception as exc:
-                self._job_error(rec, "carrying out its plan", exc)
-                continue
-            acts += [(rec, a) for a in out.actions]
-            self._events(rec, out.events)
-            if rec.phase == "queued" and not rec.retry_at:
-                self._waiting(rec, records, obs, now)
-        return decision_s, acts
-
-    def _waiting(
-        self, rec: JobRecord, records: Sequence[JobRecord], obs: Observation, now: float
-    ) -> None:
-        """A queued job the round did not start: why it waits (waiting.py), where its
-        reason is the plain wait or a minimum the pool can never give."""
-        why = why_waiting(rec, records, obs.nodes, now, self.config.settings)
-        if why.startswith(NEVER) or rec.reason.startswith((WAITING, NEVER)):
-            rec.reason = why
-
-    def _requests(
-        self, obs: Observation, active: Sequence[JobRecord]
-    ) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
-        """Pins (``hpcorch resize``) and requests from the jobs' comments, checked: a bad
-        one is ignored, and the job's reason says why."""
-        by_id = {r.slurm_id: r for r in active}
-        pins: dict[int, int] = {}
-        requests: dict[int, tuple[int, int]] = {}
-        for j in obs.jobs:
-            rec = by_id.get(j.slurm_id)
-            if rec is None:
-                continue
-            try:
-                pin = pin_of(j.tags, rec.min_gpus, rec.max_gpus)
-                request = request_of(j.tags)
-            except TagError as exc:
-                self._note(rec, "pin", f"pin or request ignored: {exc}")
-                continue
-            if pin is not None:
-                pins[j.slurm_id] = pin
-            if request is not None:
-                requests[j.slurm_id] = request
-        return pins, requests
-
     # --- carrying out ---------------------------------------------------------------------
+    def _limited(self, rec: JobRecord, a: Action, fate: Mapping[str, Fate], now: float) -> Action:
+        """A start with the time limit its launch gets (a window ahead on its nodes)."""
+        if a.kind != "start" or a.shape is None:
+            return a
+        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now))
+
     def _must_wait(
         self,
         rec: JobRecord,

@@ -38,6 +38,7 @@ from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.ends import (
+    MOVED,
     UNPLANNED,
     checkpointed,
     ended,
@@ -49,7 +50,7 @@ from hpcorch.controller.ends import (
 )
 from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
 from hpcorch.controller.store import JobRecord
-from hpcorch.controller.waiting import STARTUP_NOTE_S
+from hpcorch.controller.waiting import silent
 from hpcorch.gputypes import type_of_nodes
 from hpcorch.protocol import EXIT_RELAUNCH
 from hpcorch.timefmt import fmt_duration
@@ -251,7 +252,10 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.run_seconds = 0.0
         rec.ready, rec.ready_at = 0, 0.0
         rec.launch_checkpoints = rec.checkpoints
-        _set_phase(rec, "running", now, f"launch {rec.launches}")
+        why = f"launch {rec.launches}"
+        if rec.reason.startswith(MOVED):  # why it moved stays in view
+            why += f": {rec.reason}"
+        _set_phase(rec, "running", now, why)
     if job.node_names:
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
@@ -269,7 +273,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.signalled_at = now
         _set_phase(rec, "stopping", now, why)
         return
-    if rec.phase == "running" and not rec.ready and now - rec.phase_since >= STARTUP_NOTE_S:
+    if silent(rec, now, s):
         rec.reason = (
             f"launch {rec.launches}: not reported its start after {now - rec.phase_since:.0f} s "
             f"(it keeps its GPUs for the {s.startup_s:.0f} s start-up allowance at most)"

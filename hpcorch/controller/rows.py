@@ -176,6 +176,11 @@ class JobRecord:
     """The highest step the job has reported (a launch that starts below it lost work)."""
     requeue_fixed_at: float = 0.0
     """When the controller last set a Requeue=0 job back to Requeue=1."""
+    time_limit_min: int = 0
+    """The job's own time limit per launch, as Slurm first showed it (minutes; -1 none;
+    0 not known)."""
+    limit_cut: int = 0
+    """1 while its launch's time limit is cut short to end before a window on its nodes."""
 
     def accepted_types(self) -> tuple[str, ...]:
         return tuple(t for t in self.gpu_types.split(",") if t)

@@ -103,6 +103,8 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "launch_checkpoints INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "trained_step INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "requeue_fixed_at REAL NOT NULL DEFAULT 0"),
+        ("jobs", "time_limit_min INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "limit_cut INTEGER NOT NULL DEFAULT 0"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on

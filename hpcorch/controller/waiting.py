@@ -16,8 +16,16 @@ from hpcorch.controller.store import JobRecord
 WAITING = "waiting for GPUs"
 NEVER = "can never start in this pool"
 STARTUP_NOTE_S = 60.0
-"""A launch that has not reported its start after this long is named as the reason others
-wait (and says so in its own reason)."""
+"""A launch that has not reported its start after this long (or a tenth of the start-up
+allowance, if less) is named as the reason others wait, and says so in its own reason."""
+
+
+def silent(rec: JobRecord, now: float, s: Settings) -> bool:
+    """A running launch that has not reported its start for a while, within its start-up
+    allowance (after it, it counts as started)."""
+    waited = now - rec.phase_since
+    note = min(STARTUP_NOTE_S, s.startup_s / 10)
+    return rec.phase == "running" and not rec.ready and 0 < note <= waited < s.startup_s
 
 
 def fits(rec: JobRecord, nodes: Sequence[PoolNode]) -> int:
@@ -62,11 +70,7 @@ def why_waiting(
             f"{WAITING}: it needs at least {rec.min_gpus}, {usable} of the pool's {total} "
             f"GPUs{of} can be given now ({'; '.join(why)})"
         )
-    holders = [
-        r
-        for r in records
-        if r.phase == "running" and not r.ready and now - r.phase_since >= STARTUP_NOTE_S
-    ]
+    holders = [r for r in records if silent(r, now, s)]
     if holders:
         r = max(holders, key=lambda h: h.gpus)
         more = f" (and {len(holders) - 1} more launch(es))" if len(holders) > 1 else ""

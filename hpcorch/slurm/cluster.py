@@ -26,6 +26,7 @@ from hpcorch.cluster import (
     ObservedJob,
     PoolNode,
     Shape,
+    Window,
 )
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
@@ -33,7 +34,7 @@ from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
-from hpcorch.slurm.parse import SlurmJob, SlurmNode
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
@@ -78,6 +79,8 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self.windows: tuple[Window, ...] = ()
+        """Other reservations on the pool's nodes, read with the pool's own."""
         self._partition = ""
         """A partition every pool node is in (where the lease job is submitted)."""
 
@@ -91,7 +94,10 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            res = self.backend.reservation(self.reservation)
+            listed = self.backend.reservation_list()
+            res = next((r for r in listed if r.name == self.reservation), None)
+            if res is None:
+                raise SlurmCommandError(f"reservation '{self.reservation}' not found")
             try:
                 names = expand_nodelist(res.nodes) if res.nodes else []
             except ValueError as exc:
@@ -99,6 +105,7 @@ class SlurmCluster:
             if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
             self._pool_nodes = tuple(names)
+            self.windows = _windows(listed, self.reservation, set(names))
             self._pool_read_at = time.monotonic()
             self.pool_ends_at = res.end_time
             self._keep_open(time.time())
@@ -223,6 +230,7 @@ class SlurmCluster:
                     special_exit=j.special_exit,
                     batch=j.batch,
                     requeue=j.requeue,
+                    time_limit_min=j.time_limit_min,
                 )
             )
         nodes = []
@@ -257,19 +265,22 @@ class SlurmCluster:
                     gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
                     cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
                     gpu_type=n.gpu_type,
+                    leaving=n.leaving,
                 )
             )
         self._residue = residue
         self._cpus_per_gpu = cpus_per_gpu
         self._sweep_spool(j.job_id for j in jobs)
+        now = time.time()
         return Observation(
-            time=time.time(),
+            time=now,
             nodes=tuple(nodes),
             jobs=tuple(observed),
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
             foreign=tuple(foreign),
             leases=tuple(leases),
+            windows=tuple(w for w in self.windows if w.end > now or not w.end),
         )
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
@@ -317,6 +328,7 @@ class SlurmCluster:
             cpus,
             shape.per_node if not shape.even else (),
             shape.gpu_type,
+            shape.time_limit_min,
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
@@ -398,6 +410,21 @@ class _Held:
     def on(self, kind: str, name: str) -> tuple[int, int]:
         g, c = self._by.get((kind, name), (0, 0))
         return g, c
+
+
+def _windows(listed: Sequence[SlurmReservation], pool: str, nodes: set[str]) -> tuple[Window, ...]:
+    """The other reservations that hold some of the pool's ``nodes``, as windows."""
+    out = []
+    for r in listed:
+        if r.name == pool or not r.nodes:
+            continue
+        try:
+            mine = tuple(n for n in expand_nodelist(r.nodes) if n in nodes)
+        except ValueError:
+            continue
+        if mine:
+            out.append(Window(r.name, mine, r.start_time, r.end_time, r.flags))
+    return tuple(out)
 
 
 def _common_partition(nodes: Sequence[SlurmNode]) -> str:

@@ -146,6 +146,23 @@ class SlurmNode:
     """The type its GRES names (``Gres=gpu:a100:4``), "" when its GPUs are untyped."""
 
     @property
+    def leaving(self) -> str:
+        """Why the node is being emptied while it still runs jobs: an admin drains it
+        (``scontrol update state=drain``), or a reboot waits for it to be empty
+        (``scontrol reboot ASAP``); '' when it is not, or when it has failed (down, not
+        responding: Slurm requeues its jobs itself)."""
+        states = set(self.states)
+        if states & {"DOWN", "NOT_RESPONDING", "POWERED_DOWN", "FUTURE"}:
+            return ""
+        said = "".join(c if c.isprintable() else "?" for c in self.reason[:120])
+        why = f" (Reason={said})" if said else ""
+        if states & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
+            return f"a reboot is pending{why}"
+        if states & {"DRAIN", "DRAINING", "DRAINED", "FAILING"}:
+            return f"drained by an admin{why}"
+        return ""
+
+    @property
     def usable(self) -> bool:
         """Up and schedulable (not down, drained, failing or not responding)."""
         bad = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"}
@@ -297,6 +314,8 @@ class SlurmReservation:
     """Unix time it ends (0: unknown)."""
     flags: tuple[str, ...]
     users: str
+    start_time: float = 0.0
+    """Unix time it starts (0: unknown)."""
 
 
 def parse_sshare(text: str) -> dict[str, float]:
@@ -340,6 +359,7 @@ def parse_reservation(line: str) -> SlurmReservation | None:
         end_time=slurm_time(fields.get("EndTime", "")),
         flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
         users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
+        start_time=slurm_time(fields.get("StartTime", "")),
     )
 
 
