@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from hpcorch.cluster import PoolNode, Shape, Window
 from hpcorch.controller.actions import Settings
@@ -153,3 +154,28 @@ def launch_limit(rec: JobRecord, shape: Shape, fate: Mapping[str, Fate], now: fl
         rec.limit_cut = 0
         return replace(shape, time_limit_min=own)
     return shape
+
+
+KEPT_WINDOWS = 100
+"""Windows remembered for ``hpcorch report`` (the oldest forgotten first)."""
+
+
+def remember(known: dict[str, dict[str, Any]], windows: Iterable[Window]) -> bool:
+    """Add ``windows`` to ``known`` (key: name and start), as ``hpcorch report`` reads them
+    (the store's meta ``windows``); whether anything changed."""
+    changed = False
+    for w in windows:
+        row = {
+            "name": w.name,
+            "nodes": list(w.nodes),
+            "start": w.start,
+            "end": w.end,
+            "maintenance": w.maintenance,
+        }
+        key = f"{w.name}@{w.start:.0f}"
+        if known.get(key) != row:
+            known[key] = row
+            changed = True
+    while len(known) > KEPT_WINDOWS:
+        known.pop(next(iter(known)))
+    return changed

@@ -121,9 +121,8 @@ def checkpointed(
             )
             return
     if rec.phase == "stopping":
-        if rec.reason.startswith(LEAVING):
-            # moved off a node an admin drains or a window takes: said as such
-            why = MOVED + rec.reason[len(LEAVING) :]
+        if moved_off(rec):
+            why = rec.moved
             if rec.target_gpus == 0:
                 why += ": checkpointed and queued"
         elif rec.target_gpus == 0:
@@ -136,6 +135,14 @@ def checkpointed(
         why = "checkpointed on its own (time limit?): relaunched"
     out.events.append(f"checkpointed: {why}")
     relaunch(rec, now, pool_nodes, out, why, requeued)
+
+
+def moved_off(rec: JobRecord) -> bool:
+    """Whether the stop that ends was a move off a node an admin drains or a window takes
+    (its reason says so): ``rec.moved`` keeps why, shown again once it runs elsewhere."""
+    moved = rec.phase == "stopping" and rec.reason.startswith(LEAVING)
+    rec.moved = MOVED + rec.reason[len(LEAVING) :] if moved else ""
+    return moved
 
 
 def budget_timeout(rec: JobRecord, now: float, out: Outcome, requeued: bool) -> None:

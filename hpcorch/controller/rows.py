@@ -181,6 +181,8 @@ class JobRecord:
     0 not known)."""
     limit_cut: int = 0
     """1 while its launch's time limit is cut short to end before a window on its nodes."""
+    moved: str = ""
+    """Why its last relaunch moved it off a node (a drain, a window; '' it did not)."""
 
     def accepted_types(self) -> tuple[str, ...]:
         return tuple(t for t in self.gpu_types.split(",") if t)
