@@ -5,18 +5,16 @@ keeps their state and writes it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from hpcorch.cluster import Observation, ObservedJob, Shape
 from hpcorch.controller import learned as lrn
-from hpcorch.controller.limits import LIMIT_WAIT, NEVER, blocked, limit_wait, policy_limits
+from hpcorch.controller.limits import blocked, limit_wait, policy_limits
 from hpcorch.controller.reconcile import REQUEUED, Action, target_shape
 from hpcorch.controller.store import JobRecord, Store
 from hpcorch.limits import LimitBook, refusal
-from hpcorch.policy.types import JobPlan, Snapshot
-
-WAITING = "waiting for GPUs"
+from hpcorch.policy.types import Snapshot
 
 
 class LimitKeeper:
@@ -82,25 +80,34 @@ class LimitKeeper:
         return limit_wait(rec, shape, records, self.book, self.learned)
 
     def timed(self, action: Action) -> Action:
-        """A start with the time limit the job's launches must keep to, where its own is
-        longer than a limit allows."""
-        minutes = self.book.time_limits.get(action.slurm_id, 0)
-        if action.kind != "start" or action.shape is None or not minutes:
+        """A start with a time limit within the job's limits (``MaxWall``, a partition's
+        ``MaxTime``): the tighter of the one its launch gets (a window cut, -1: none) and
+        theirs, or theirs where its own time limit is longer."""
+        if action.kind != "start" or action.shape is None:
+            return action
+        wall = self.book.wall_min(action.slurm_id)
+        if wall is None:
+            return action
+        asked = action.shape.time_limit_min
+        if asked > 0:
+            minutes = min(asked, wall)
+        elif asked < 0:
+            minutes = wall
+        else:
+            minutes = self.book.time_limits.get(action.slurm_id, 0)
+        if minutes == asked:
             return action
         return replace(action, shape=replace(action.shape, time_limit_min=minutes))
 
-    def explain(self, records: Sequence[JobRecord], plans: Mapping[str, JobPlan]) -> None:
-        """The reason of each queued job the plan left out that a limit holds back; the
-        reason of one no longer held back is "waiting for GPUs" again."""
-        active = [r for r in records if r.active]
-        for rec in active:
-            if rec.phase != "queued" or str(rec.slurm_id) in plans or rec.retry_at:
-                continue
-            why = blocked(rec, active, self.book, self.learned)
-            if why:
-                rec.reason = why
-            elif rec.reason.startswith((LIMIT_WAIT, NEVER)):
-                rec.reason = WAITING
+    def explain(self, rec: JobRecord, records: Sequence[JobRecord]) -> bool:
+        """A queued job the plan left out: its reason is the limit that holds it back, if
+        one does (True)."""
+        if rec.phase != "queued" or rec.retry_at:
+            return False
+        why = blocked(rec, [r for r in records if r.active], self.book, self.learned)
+        if why:
+            rec.reason = why
+        return bool(why)
 
     def save(self) -> None:
         """The learned caps into the store (in the caller's transaction), if they changed."""

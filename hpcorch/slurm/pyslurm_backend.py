@@ -136,17 +136,24 @@ class PySlurmBackend:
         return found[name]
 
     def reservation(self, name: str) -> SlurmReservation:
-        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
-        for r in self._values(coll):
-            if _str(r.name) == name:
-                return SlurmReservation(
-                    name=name,
-                    nodes=_str(r.nodes) if r.nodes else "",
-                    end_time=float(getattr(r, "end_time", 0) or 0),
-                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
-                    users=",".join(_names(getattr(r, "users", None))),
-                )
+        for r in self.reservation_list():
+            if r.name == name:
+                return r
         raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+
+    def reservation_list(self) -> list[SlurmReservation]:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        return [
+            SlurmReservation(
+                name=_str(r.name),
+                nodes=_str(r.nodes) if r.nodes else "",
+                end_time=float(getattr(r, "end_time", 0) or 0),
+                flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                users=",".join(_names(getattr(r, "users", None))),
+                start_time=float(getattr(r, "start_time", 0) or 0),
+            )
+            for r in self._values(coll)
+        ]
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
@@ -178,9 +185,17 @@ class PySlurmBackend:
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         self.cli.set_shape(
-            job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type
+            job_id,
+            nodes,
+            gpus_per_node,
+            node_names,
+            cpus_per_gpu,
+            per_node,
+            gpu_type,
+            time_limit_min,
         )
 
     def start_now(self, job_id: int) -> None:
@@ -188,6 +203,9 @@ class PySlurmBackend:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self._modify(job_id, comment=comment)
+
+    def allow_requeue(self, job_id: int) -> None:
+        self._modify(job_id, is_requeueable=True)
 
     def hold(self, job_id: int) -> None:
         job = self._job(job_id)
@@ -216,9 +234,6 @@ class PySlurmBackend:
         from slurmdbd (``pyslurm.db``): its QOS carry no limits, and its associations not
         what slurmctld counts against them now, which the plan needs."""
         return self.cli.limits(users)
-
-    def set_time_limit(self, job_id: int, minutes: int) -> None:
-        self._modify(job_id, time_limit=int(minutes))
 
     def extend_reservation(self, name: str, end_time: float) -> None:
         self.cli.extend_reservation(name, end_time)
