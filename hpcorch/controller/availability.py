@@ -142,23 +142,27 @@ def planned_nodes(
     return tuple(out)
 
 
-def launch_limit(rec: JobRecord, shape: Shape, fate: Mapping[str, Fate], now: float) -> Shape:
-    """``shape`` with the time limit its launch gets: the job's own (``rec.time_limit_min``),
-    cut to end ``LIMIT_MARGIN_S`` before a window on its nodes starts (``rec.limit_cut`` says
-    which), and the job's own again on the next launch away from any window."""
+def launch_limit(
+    rec: JobRecord, shape: Shape, fate: Mapping[str, Fate], now: float, current_min: int
+) -> Shape:
+    """``shape`` with the time limit its launch gets, where it is not the job's current one
+    (``current_min``, as Slurm shows it; 0: none): the job's own (``rec.time_limit_min``,
+    if known), cut to end ``LIMIT_MARGIN_S`` before a window on its nodes starts, in which
+    case ``rec.limit_cut`` says which. The same on every pass: a start that waits a cycle
+    (or more) is given the same limit when it goes."""
     ahead = [(fate[n].ends_at, n) for n in shape.node_names if n in fate]
     ahead = [(t, n) for t, n in ahead if t > now]
     own = rec.time_limit_min
+    rec.limit_cut = ""
+    want = own
     if ahead:
         ends, node = min(ahead)
         cut = max(1, int((ends - now - LIMIT_MARGIN_S) // 60))
         rec.limit_cut = f"{node}: {fate[node].why}"
-        return replace(shape, time_limit_min=min(own, cut) if own > 0 else cut)
-    if rec.limit_cut and own:
-        rec.limit_cut = ""
-        return replace(shape, time_limit_min=own)
-    rec.limit_cut = ""
-    return shape
+        want = min(own, cut) if own > 0 else cut
+    if not want or want == (current_min or -1):
+        return shape  # unknown, or what the job has already
+    return replace(shape, time_limit_min=want)
 
 
 KEPT_WINDOWS = 100

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpcorch.cluster import Cluster, Observation
+from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import adopt, availability, reconcile
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
@@ -187,7 +187,9 @@ class Controller:
             decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
             self.last_round = now
-        pending = [(r, self.limits.timed(self._limited(r, a, fate, now))) for r, a in pending]
+        pending = [
+            (r, self.limits.timed(self._limited(r, a, fate, now, observed))) for r, a in pending
+        ]
         try:
             claims = reconcile.start_claims(records, pool_nodes)
         except Exception as exc:
@@ -364,11 +366,20 @@ class Controller:
 
     # --- scheduling ---------------------------------------------------------------------
     # --- carrying out ---------------------------------------------------------------------
-    def _limited(self, rec: JobRecord, a: Action, fate: Mapping[str, Fate], now: float) -> Action:
+    def _limited(
+        self,
+        rec: JobRecord,
+        a: Action,
+        fate: Mapping[str, Fate],
+        now: float,
+        observed: Mapping[int, ObservedJob],
+    ) -> Action:
         """A start with the time limit its launch gets (a window ahead on its nodes)."""
         if a.kind != "start" or a.shape is None:
             return a
-        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now))
+        job = observed.get(rec.slurm_id)
+        current = job.time_limit_min if job is not None else 0
+        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now, current))
 
     def _must_wait(
         self,

@@ -72,7 +72,6 @@ __all__ = [
 ]
 
 REQUEUED = "requeued by Slurm"
-
 REQUEUE_WAIT_S = 30.0
 """A job Slurm requeued after a node failure is left this long for Slurm to start on its
 old nodes (a node whose slurmd restarts is back within seconds); then it is restarted

@@ -80,8 +80,6 @@ def test_a_maintenance_window_is_emptied_by_its_start_and_given_back(site: Site)
     and returns to it once the window is over."""
     make_reservation(site, "open")
     spool = shared_spool(site)
-    host = Host(site, "host-maint", "open", spool, "--nodes", "n1,n2", "--grace", "10")
-    host.start()
     window_s, length_min = 360, 1
     start = time.time() + window_s
     r = site.slurm(
@@ -90,6 +88,8 @@ def test_a_maintenance_window_is_emptied_by_its_start_and_given_back(site: Site)
         "Flags=MAINT,IGNORE_JOBS",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    host = Host(site, "host-maint", "open", spool, "--nodes", "n1,n2", "--grace", "10")
+    host.start()
     try:
         job = submit(site, ALICE, "open", 1, 8, "good", spool=spool)
         wait_for("alice's job on both nodes", lambda: nodes_of(site, job) == "n[1-2]", 120,
