@@ -142,6 +142,20 @@ class Window:
 LEASE_TAG = "hpcorch-lease:"
 """The comment prefix of the placeholder job that holds the pool's lease (one controller
 acts on a pool: hpcorch/controller/lease.py)."""
+LEASE_NAME = "hpcorch-lease"
+"""The lease job's name: it is in the pool's reservation, or (where the reservation does
+not admit the controller's account) outside it, its comment naming the pool (``pool=``)."""
+
+
+def lease_pool(comment: str) -> str:
+    """The pool a lease comment names (``pool=NAME``), "" if none."""
+    if not comment.startswith(LEASE_TAG):
+        return ""
+    for item in comment[len(LEASE_TAG) :].split(","):
+        key, _, value = item.partition("=")
+        if key == "pool":
+            return value
+    return ""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from hpcorch.cluster import (
     ENDED_STATES,
+    LEASE_NAME,
     LEASE_TAG,
     ForeignJob,
     LeaseJob,
@@ -27,6 +28,7 @@ from hpcorch.cluster import (
     PoolNode,
     Shape,
     Window,
+    lease_pool,
 )
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.limits import LimitBook, refusal
@@ -42,7 +44,8 @@ from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
-LEASE_NAME = "hpcorch-lease"
+LEASE_SCRIPT = "#!/bin/sh\nexit 0\n"
+"""The lease job's script: it is held and never runs (``exit 0`` if an operator releases it)."""
 RESERVATION_REASONS = frozenset({"Reservation", "ReqNodeNotAvail", "ResvDeleted"})
 """Why Slurm keeps a launch pending when another reservation holds its nodes."""
 RESV_REREAD_S = 10.0
@@ -90,6 +93,8 @@ class SlurmCluster:
         self.windows: tuple[Window, ...] = ()
         """Other reservations on the pool's nodes, read with the pool's own."""
         self._partition = ""
+        self._lease_outside = False
+        """The reservation refused the lease job: it is placed outside it (create_lease)."""
         """A partition every pool node is in (where the lease job is submitted)."""
         self._limits_read_at = -1e18
         self._assoc: tuple[AssocMgr, dict[str, Partition]] = (AssocMgr(), {})
@@ -202,6 +207,9 @@ class SlurmCluster:
         cpus_per_gpu: dict[int, int] = {}
         tagged: list[SlurmJob] = []
         for j in jobs:
+            if self._is_lease(j):
+                leases.append(_lease(j))
+                continue
             if j.reservation != self.reservation:
                 continue
             try:
@@ -215,9 +223,6 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
-            if j.comment.startswith(LEASE_TAG):
-                leases.append(_lease(j))
-                continue
             tags = parse_comment(j.comment)
             holds = names and j.state not in ENDED_STATES
             gpus = per_node or (per_gpu,) * len(names)
@@ -347,27 +352,52 @@ class SlurmCluster:
 
     # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
     def lease_jobs(self) -> list[LeaseJob]:
-        return [
-            _lease(j)
-            for j in self.backend.jobs(self.reservation)
-            if j.reservation == self.reservation and j.comment.startswith(LEASE_TAG)
-        ]
+        return [_lease(j) for j in self.backend.jobs(self.reservation) if self._is_lease(j)]
+
+    def _is_lease(self, j: SlurmJob) -> bool:
+        """A lease job of this pool: in the reservation, or outside it naming the pool."""
+        if not j.comment.startswith(LEASE_TAG):
+            return False
+        return j.reservation == self.reservation or (
+            not j.reservation and j.name == LEASE_NAME and lease_pool(j.comment) == self.reservation
+        )
 
     def create_lease(self, comment: str) -> int:
         """A held placeholder job in the reservation, never run (``exit 0`` if an operator
-        released it), on the partition of the pool's nodes."""
-        args = ["--hold", f"--reservation={self.reservation}", f"--job-name={LEASE_NAME}"]
-        args += ["--nodes=1", "--time=1", "--output=/dev/null", "--chdir=/"]
-        args += [f"--comment={comment}"]
+        released it), on the partition of the pool's nodes.
+
+        A reservation that does not admit the controller's account (a site's, for its
+        users only: Slurm checks users and accounts, not operators) gets no new user from
+        the controller: the job is placed outside it, on the same partition, and its
+        comment names the pool."""
+        args = ["--hold", f"--job-name={LEASE_NAME}", "--nodes=1", "--time=1"]
+        args += ["--output=/dev/null", "--chdir=/", f"--comment={self._pool_note(comment)}"]
         if not self._partition:
             pool = set(self.reservation_nodes())
             self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
         if self._partition:
             args.append(f"--partition={self._partition}")
-        return self.backend.submit("#!/bin/sh\nexit 0\n", args)
+        if not self._lease_outside:
+            try:
+                return self.backend.submit(
+                    LEASE_SCRIPT, [*args, f"--reservation={self.reservation}"]
+                )
+            except HpcorchError as exc:
+                if "access denied to requested reservation" not in str(exc).lower():
+                    raise
+                self._lease_outside = True
+                logger.info(
+                    "reservation %r does not admit the controller's account: its lease job "
+                    "is outside it, naming the pool",
+                    self.reservation,
+                )
+        return self.backend.submit(LEASE_SCRIPT, args)
+
+    def _pool_note(self, comment: str) -> str:
+        return f"{comment},pool={self.reservation}"
 
     def write_lease(self, slurm_id: int, comment: str) -> None:
-        self.backend.set_comment(slurm_id, comment)
+        self.backend.set_comment(slurm_id, self._pool_note(comment))
 
     def drop_lease(self, slurm_id: int) -> None:
         self._tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
+from hpcorch.cluster import LEASE_NAME
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
@@ -102,7 +103,9 @@ class PySlurmBackend:
         return [
             job_from_pyslurm(j)
             for j in self._load_jobs()
-            if reservation is None or _str(j.reservation) == reservation
+            if reservation is None
+            or _str(j.reservation) == reservation
+            or _str(j.name) == LEASE_NAME
         ]
 
     def nodes(self) -> list[SlurmNode]:
