@@ -133,6 +133,13 @@ def test_detect_mode(tmp_path: Path) -> None:
     assert detect_mode(other) == "managed"
     other.write_text("# import hpcorch.runtime is only mentioned here\nimport torch\n")
     assert detect_mode(other) == "sidecar"
+    # a training library's integration speaks the runtime's protocol: managed too
+    assert detect_mode(REPO / "examples" / "train_transformers.py") == "managed"
+    assert detect_mode(REPO / "examples" / "train_lightning_elastic.py") == "managed"
+    for line in ("from hpcorch.integrations.lightning import Elastic",
+                 "from hpcorch.integrations import transformers as hpt"):  # fmt: skip
+        other.write_text(line + "\n")
+        assert detect_mode(other) == "managed", line
 
 
 # --- the split of fixed and unpredictable jobs ----------------------------------------------
