@@ -54,7 +54,8 @@ class LitGPT(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         idx = batch["idx"]
         if self.out is not None:
-            self.out.write(json.dumps({"launch": self.launch, "idx": idx.tolist()}) + "\n")
+            line = {"launch": self.launch, "epoch": self.current_epoch, "idx": idx.tolist()}
+            self.out.write(json.dumps(line) + "\n")
             self.out.flush()
         time.sleep(self.delay * len(idx))
         return self.model.loss(batch["seq"])
