@@ -5,6 +5,7 @@ all), and the newest file in its checkpoint directory."""
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,9 @@ from hpcorch.sidecar.lost import node_failure_line
 
 POLL_BYTES = 1 << 20
 """Most bytes of the metrics file read per poll for the runtime's start line."""
+PUMP_BYTES = 1 << 16
+"""Most bytes of the script's output read at once (and the longest line parsed)."""
+LINE_END = re.compile(rb"\r\n?|\n")
 
 
 class ScriptWatch:
@@ -45,23 +49,34 @@ class ScriptWatch:
             self.progress_offset = _size(self.cfg.progress_file)
 
     def pump(self, src: IO[bytes], dst: IO[bytes]) -> None:
-        """Copy the script's output (a thread per stream), parsing progress lines on the way."""
-        rx = self.cfg.progress_regex
-        for raw in iter(src.readline, b""):
+        """Copy the script's output (a thread per stream) as it comes, parsing each line on
+        the way. A line ends at a newline or a carriage return: a progress bar (tqdm) moves
+        by rewriting one line with ``\\r`` and ends it only when it closes."""
+        read = getattr(src, "read1", src.read)
+        pending = b""
+        while chunk := read(PUMP_BYTES):
             try:
-                dst.write(raw)
+                dst.write(chunk)
                 dst.flush()
             except (OSError, ValueError):
                 pass
-            if raw.startswith(b"srun: ") and node_failure_line(raw):
-                self.node_failure = True
-            if rx is None:
-                continue
-            now = time.time()
-            for part in raw.split(b"\r"):
-                p = parse_output_line(rx, part.decode("utf-8", "replace"))
-                if p is not None:
-                    self.progress.put((now, p))
+            *lines, pending = LINE_END.split(pending + chunk)
+            for line in lines:
+                self._parse(line)
+            if len(pending) > PUMP_BYTES:  # no line end for that long: not a progress line
+                pending = b""
+        if pending:
+            self._parse(pending)
+
+    def _parse(self, line: bytes) -> None:
+        if line.startswith(b"srun: ") and node_failure_line(line):
+            self.node_failure = True
+        rx = self.cfg.progress_regex
+        if rx is None:
+            return
+        p = parse_output_line(rx, line.decode("utf-8", "replace"))
+        if p is not None:
+            self.progress.put((time.time(), p))
 
     def poll_progress_file(self) -> None:
         path = self.cfg.progress_file
