@@ -101,13 +101,15 @@ def main() -> None:
         num_train_epochs=a.epochs,
         learning_rate=a.lr,
         logging_steps=10,
-        save_strategy="no",
+        save_strategy="steps" if a.plain else "no",  # sidecar mode: the Trainer's own
+        save_steps=25,
+        save_total_limit=2,
         report_to=[],
         use_cpu=not torch.cuda.is_available(),
         ddp_backend=None if torch.cuda.is_available() else "gloo",
         remove_unused_columns=False,
         ddp_find_unused_parameters=False,
-        disable_tqdm=True,
+        disable_tqdm=not a.plain,  # sidecar mode reads the progress bar
         enable_jit_checkpoint=a.plain,
     )
     data = Tokens(a.samples, a.seq_len, config.vocab_size)

@@ -43,10 +43,12 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sampler
 
 from hpcorch.integrations.core import ElasticRun, joined_group, settle
 from hpcorch.protocol import ENV_GLOBAL_BATCH, EXIT_RELAUNCH
+from hpcorch.runtime import checkpoint as ckpt
 
 __all__ = ["Elastic"]
 
@@ -136,6 +138,7 @@ class Elastic(pl.Callback):
         self.run: ElasticRun | None = None
         self._trainer: pl.Trainer | None = None
         self._saved: dict[str, Any] | None = None
+        self._rngs: list[Any] = []
         self._loss = 0.0
         self._reported = False
 
@@ -203,6 +206,9 @@ class Elastic(pl.Callback):
         )
         if self._saved is not None:
             run.load_state_dict(self._saved, "the Lightning checkpoint")
+            rngs = self._saved.get("rng") or []
+            if run.rank < len(rngs):  # a rank the job had: its random streams go on
+                ckpt.set_rng_state(rngs[run.rank])
             self._saved = None
             epoch, offset = run.position
             run.log(f"resuming at step {run.global_step} (epoch {epoch}, sample {offset})")
@@ -260,6 +266,10 @@ class Elastic(pl.Callback):
         if agreed.save:
             self._save(trainer, "periodic")
 
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.run is not None:
+            self.run.restart_clock()  # a validation is no training step's time
+
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         run = self.run
         if run is None:
@@ -289,6 +299,8 @@ class Elastic(pl.Callback):
         number = max([int(m[1]) for p in _listing(root) if (m := HPC_CKPT.match(p))], default=0) + 1
         final = root / f"hpc_ckpt_{number}.ckpt"
         tmp = root / f".hpcorch-{number}.ckpt.tmp"
+        self._rngs = [None] * run.world_size  # every rank's random streams, in rank 0's file
+        dist.all_gather_object(self._rngs, ckpt.rng_state())
         trainer.save_checkpoint(tmp)  # every rank; rank 0 writes
         size = [0]
         if run.is_main:
@@ -314,7 +326,9 @@ class Elastic(pl.Callback):
         run.restart_clock()
 
     def state_dict(self) -> dict[str, Any]:
-        return self.run.state_dict() if self.run is not None else {}
+        if self.run is None:
+            return {}
+        return {**self.run.state_dict(), "rng": self._rngs}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._saved = dict(state_dict) if state_dict else None

@@ -140,6 +140,11 @@ class Elastic(TrainerCallback):
         elif agreed.save:
             control.should_save = True
 
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
+    ) -> None:
+        self.run.restart_clock()  # an evaluation is no training step's time
+
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
