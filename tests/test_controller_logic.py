@@ -497,7 +497,8 @@ def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
     tmp_path: Path,
 ) -> None:
     """Seen on the pool: a job still stopping past the grace period was requeued by force
-    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one."""
+    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one. Once
+    forced, it is left ``force_retry_s`` to go; still running after that, it is ended."""
     c = FakeCluster()
     c.add(1, 1, 8)
     ctl = controller(tmp_path, c)
@@ -512,11 +513,14 @@ def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
         ctl.cycle()
         c.t += 1
     assert c.log.count(("requeue_hold", 1)) == 1
-    c.t += Settings().force_retry_s
-    ctl.cycle()  # still not requeued after a long wait: forced once more
-    assert c.log.count(("requeue_hold", 1)) == 2
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "stopping" and "requeued by force" in rec.reason
+    c.t += Settings().force_retry_s
+    ctl.cycle()  # still running long after its forced requeue: it is ended, not re-forced
+    assert c.log.count(("requeue_hold", 1)) == 1 and c.state(1) == "CANCELLED"
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "failed" and "contract" in rec.reason
 
 
 def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(

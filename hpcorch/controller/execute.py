@@ -60,6 +60,8 @@ class Executor:
                 self.cluster.requeue_hold(rec.slurm_id)
             elif a.kind == "cancel":
                 self.cluster.cancel(rec.slurm_id)
+            elif a.kind == "allow_requeue":
+                self.cluster.allow_requeue(rec.slurm_id)
             return "done"
         except Exception as exc:
             msg = describe(exc)

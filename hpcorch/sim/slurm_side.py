@@ -238,6 +238,12 @@ class SimSlurm:
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
+    def allow_requeue(self, slurm_id: int) -> None:
+        self._calls += 1  # every simulated job can be requeued
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        return {}  # no simulated job ever leaves the pool
+
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
         j = self._job(slurm_id)
         j.plan = plan

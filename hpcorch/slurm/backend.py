@@ -73,6 +73,10 @@ class SlurmBackend(Protocol):
         """Reservation ``name``; an error naming "not found" if there is none."""
         ...
 
+    def reservation_list(self) -> list[SlurmReservation]:
+        """Every reservation Slurm holds (one call)."""
+        ...
+
     def fair_shares(self) -> dict[str, float]:
         """User -> Slurm's FairShare factor (0..1); empty without accounting."""
         ...
@@ -94,11 +98,14 @@ class SlurmBackend(Protocol):
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
         GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
-        :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any)."""
+        :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any).
+        ``time_limit_min``: the launch's time limit in minutes (-1: UNLIMITED; 0: as it
+        is)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -106,6 +113,10 @@ class SlurmBackend(Protocol):
         ...
 
     def set_comment(self, job_id: int, comment: str) -> None: ...
+    def allow_requeue(self, job_id: int) -> None:
+        """Let Slurm requeue the job again (``Requeue=1``)."""
+        ...
+
     def hold(self, job_id: int) -> None: ...
     def release(self, job_id: int) -> None: ...
     def requeue_hold(self, job_id: int) -> None: ...
@@ -246,6 +257,10 @@ class SlurmCLI:
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
 
+    def reservation_list(self) -> list[SlurmReservation]:
+        out = self.run(["scontrol", "-o", "show", "reservation"])
+        return [r for r in map(parse_reservation, out.splitlines()) if r is not None]
+
     def reservation(self, name: str) -> SlurmReservation:
         out = self.scontrol("-o", "show", "reservation", name)
         for line in out.splitlines():
@@ -310,10 +325,13 @@ class SlurmCLI:
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         if node_names and not self._typed:  # 22.05: the nodes name the type (retypes_gpus)
             gpu_type = ""
         fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
+        if time_limit_min:
+            fields.append(f"TimeLimit={time_limit_min if time_limit_min > 0 else 'UNLIMITED'}")
         try:
             self.scontrol("update", f"jobid={job_id}", *fields)
         except SlurmCommandError as exc:
@@ -330,6 +348,9 @@ class SlurmCLI:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+
+    def allow_requeue(self, job_id: int) -> None:
+        self.scontrol("update", f"jobid={job_id}", "Requeue=1")
 
     def hold(self, job_id: int) -> None:
         self.scontrol("hold", str(job_id))

@@ -17,17 +17,29 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcorch.cluster import ENDED_STATES, ForeignJob, Observation, ObservedJob, PoolNode, Shape
+from hpcorch.cluster import (
+    ENDED_STATES,
+    LEASE_TAG,
+    ForeignJob,
+    LeaseJob,
+    Observation,
+    ObservedJob,
+    PoolNode,
+    Shape,
+    Window,
+)
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
+LEASE_NAME = "hpcorch-lease"
 DAY = 86400.0
 RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
 RENEW_BEFORE_S = 30 * DAY
@@ -67,6 +79,10 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self.windows: tuple[Window, ...] = ()
+        """Other reservations on the pool's nodes, read with the pool's own."""
+        self._partition = ""
+        """A partition every pool node is in (where the lease job is submitted)."""
 
     @property
     def calls(self) -> int:
@@ -78,7 +94,10 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            res = self.backend.reservation(self.reservation)
+            listed = self.backend.reservation_list()
+            res = next((r for r in listed if r.name == self.reservation), None)
+            if res is None:
+                raise SlurmCommandError(f"reservation '{self.reservation}' not found")
             try:
                 names = expand_nodelist(res.nodes) if res.nodes else []
             except ValueError as exc:
@@ -86,6 +105,7 @@ class SlurmCluster:
             if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
             self._pool_nodes = tuple(names)
+            self.windows = _windows(listed, self.reservation, set(names))
             self._pool_read_at = time.monotonic()
             self.pool_ends_at = res.end_time
             self._keep_open(time.time())
@@ -149,11 +169,13 @@ class SlurmCluster:
         jobs = self.backend.jobs(self.reservation)
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
+        self._partition = _common_partition([by_name[p] for p in pool if p in by_name])
         # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
         rank = {n.name: i for i, n in enumerate(listed)}
         pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
         observed = []
         foreign: list[ForeignJob] = []
+        leases: list[LeaseJob] = []
         held = _Held()
         cpus_per_gpu: dict[int, int] = {}
         for j in jobs:
@@ -170,6 +192,9 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
+            if j.comment.startswith(LEASE_TAG):
+                leases.append(_lease(j))
+                continue
             tags = parse_comment(j.comment)
             holds = names and j.state not in ENDED_STATES
             gpus = per_node or (per_gpu,) * len(names)
@@ -203,6 +228,9 @@ class SlurmCluster:
                     uid=j.uid,
                     per_node=per_node,
                     special_exit=j.special_exit,
+                    batch=j.batch,
+                    requeue=j.requeue,
+                    time_limit_min=j.time_limit_min,
                 )
             )
         nodes = []
@@ -237,18 +265,22 @@ class SlurmCluster:
                     gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
                     cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
                     gpu_type=n.gpu_type,
+                    leaving=n.leaving,
                 )
             )
         self._residue = residue
         self._cpus_per_gpu = cpus_per_gpu
         self._sweep_spool(j.job_id for j in jobs)
+        now = time.time()
         return Observation(
-            time=time.time(),
+            time=now,
             nodes=tuple(nodes),
             jobs=tuple(observed),
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
             foreign=tuple(foreign),
+            leases=tuple(leases),
+            windows=tuple(w for w in self.windows if w.end > now or not w.end),
         )
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
@@ -257,6 +289,33 @@ class SlurmCluster:
             return
         self._spool_swept_at = time.monotonic()
         self.spool.discard_except(set(known))
+
+    # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
+    def lease_jobs(self) -> list[LeaseJob]:
+        return [
+            _lease(j)
+            for j in self.backend.jobs(self.reservation)
+            if j.reservation == self.reservation and j.comment.startswith(LEASE_TAG)
+        ]
+
+    def create_lease(self, comment: str) -> int:
+        """A held placeholder job in the reservation, never run (``exit 0`` if an operator
+        released it), on the partition of the pool's nodes."""
+        args = ["--hold", f"--reservation={self.reservation}", f"--job-name={LEASE_NAME}"]
+        args += ["--nodes=1", "--time=1", "--output=/dev/null", "--chdir=/"]
+        args += [f"--comment={comment}"]
+        if not self._partition:
+            pool = set(self.reservation_nodes())
+            self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
+        if self._partition:
+            args.append(f"--partition={self._partition}")
+        return self.backend.submit("#!/bin/sh\nexit 0\n", args)
+
+    def write_lease(self, slurm_id: int, comment: str) -> None:
+        self.backend.set_comment(slurm_id, comment)
+
+    def drop_lease(self, slurm_id: int) -> None:
+        self._tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -269,6 +328,7 @@ class SlurmCluster:
             cpus,
             shape.per_node if not shape.even else (),
             shape.gpu_type,
+            shape.time_limit_min,
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
@@ -297,6 +357,19 @@ class SlurmCluster:
 
     def cancel(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id)
+
+    def allow_requeue(self, slurm_id: int) -> None:
+        self.backend.allow_requeue(slurm_id)
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        """Where Slurm lists these jobs now, outside the pool: id -> reservation ('' none).
+        One call, made only when jobs the controller follows leave its observation."""
+        wanted = set(slurm_ids)
+        return {
+            j.job_id: j.reservation
+            for j in self.backend.jobs()
+            if j.job_id in wanted and j.reservation != self.reservation
+        }
 
     @staticmethod
     def _tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:
@@ -337,6 +410,33 @@ class _Held:
     def on(self, kind: str, name: str) -> tuple[int, int]:
         g, c = self._by.get((kind, name), (0, 0))
         return g, c
+
+
+def _windows(listed: Sequence[SlurmReservation], pool: str, nodes: set[str]) -> tuple[Window, ...]:
+    """The other reservations that hold some of the pool's ``nodes``, as windows."""
+    out = []
+    for r in listed:
+        if r.name == pool or not r.nodes:
+            continue
+        try:
+            mine = tuple(n for n in expand_nodelist(r.nodes) if n in nodes)
+        except ValueError:
+            continue
+        if mine:
+            out.append(Window(r.name, mine, r.start_time, r.end_time, r.flags))
+    return tuple(out)
+
+
+def _common_partition(nodes: Sequence[SlurmNode]) -> str:
+    """The first partition (in the first node's order) that every one of ``nodes`` is in."""
+    if not nodes:
+        return ""
+    rest = [set(n.partitions) for n in nodes[1:]]
+    return next((p for p in nodes[0].partitions if all(p in r for r in rest)), "")
+
+
+def _lease(j: SlurmJob) -> LeaseJob:
+    return LeaseJob(j.job_id, j.uid, j.comment, ended=j.state in ENDED_STATES)
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:

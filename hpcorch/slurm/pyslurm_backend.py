@@ -135,17 +135,24 @@ class PySlurmBackend:
         return found[name]
 
     def reservation(self, name: str) -> SlurmReservation:
-        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
-        for r in self._values(coll):
-            if _str(r.name) == name:
-                return SlurmReservation(
-                    name=name,
-                    nodes=_str(r.nodes) if r.nodes else "",
-                    end_time=float(getattr(r, "end_time", 0) or 0),
-                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
-                    users=",".join(_names(getattr(r, "users", None))),
-                )
+        for r in self.reservation_list():
+            if r.name == name:
+                return r
         raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+
+    def reservation_list(self) -> list[SlurmReservation]:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        return [
+            SlurmReservation(
+                name=_str(r.name),
+                nodes=_str(r.nodes) if r.nodes else "",
+                end_time=float(getattr(r, "end_time", 0) or 0),
+                flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                users=",".join(_names(getattr(r, "users", None))),
+                start_time=float(getattr(r, "start_time", 0) or 0),
+            )
+            for r in self._values(coll)
+        ]
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
@@ -177,9 +184,17 @@ class PySlurmBackend:
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         self.cli.set_shape(
-            job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type
+            job_id,
+            nodes,
+            gpus_per_node,
+            node_names,
+            cpus_per_gpu,
+            per_node,
+            gpu_type,
+            time_limit_min,
         )
 
     def start_now(self, job_id: int) -> None:
@@ -187,6 +202,9 @@ class PySlurmBackend:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self._modify(job_id, comment=comment)
+
+    def allow_requeue(self, job_id: int) -> None:
+        self._modify(job_id, is_requeueable=True)
 
     def hold(self, job_id: int) -> None:
         job = self._job(job_id)

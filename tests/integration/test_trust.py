@@ -11,7 +11,7 @@ import shlex
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -314,10 +314,13 @@ def unit_service(path: Path) -> dict[str, list[str]]:
     return out
 
 
-def run_unit(s: Site, var_lib: Path, log: Path, *extra: str) -> subprocess.Popen[str]:
+def run_unit(
+    s: Site, var_lib: Path, log: Path, *extra: str, writable: Sequence[Path] = ()
+) -> subprocess.Popen[str]:
     """The controller as the unit runs it: its user and group, umask, environment and
     command, with ProtectSystem=strict as systemd makes it (a private mount namespace in
-    which everything is read-only but ReadWritePaths); /var/lib/hpcorch is ``var_lib``."""
+    which everything is read-only but ReadWritePaths); /var/lib/hpcorch is ``var_lib``.
+    ``writable``: more ReadWritePaths, as a site adds for a spool its hosts share."""
     unit = unit_service(UNIT)
     (user,), (group,) = unit["User"], unit["Group"]
     assert (user, group) == (CONTROLLER, CONTROLLER)
@@ -343,6 +346,7 @@ def run_unit(s: Site, var_lib: Path, log: Path, *extra: str) -> subprocess.Popen
     argv = [str(conf) if a == "/etc/hpcorch/controller.toml" else a for a in argv]
     argv = [PYTHON, "-m", "hpcorch", *argv[1:], *extra]
     rw = [local(p) for v in unit["ReadWritePaths"] for p in v.split()]
+    rw += [str(p) for p in writable]
     binds = " && ".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)}" for p in rw)
     umask = unit["UMask"][0]
     setpriv = ["setpriv", "--reuid", user, "--regid", group, "--init-groups", "--no-new-privs"]
