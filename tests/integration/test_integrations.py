@@ -70,6 +70,8 @@ def records(prefix: Path) -> list[dict[str, Any]]:
 def test_library_job_resized_2_1_4_and_rebatched(
     env_pool: Pool, tmp_path: Path, library: str
 ) -> None:
+    offline = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}  # nothing is downloaded
+    env_pool = Pool(env_pool.dir, {**env_pool.env, **offline}, 4, 4, env_pool.home)
     res = f"t-integ-{library[:5]}-{os.getpid()}"
     spool = Path(env_pool.env["HPCORCH_SPOOL"])
     cluster = SlurmCluster(res, SlurmCLI(env=env_pool.env), spool=spool)
