@@ -30,10 +30,13 @@ from hpcorch.slurm.script import (
 )
 
 RUNTIME_IMPORT = re.compile(
-    r"^\s*(import\s+hpcorch\.runtime\b|from\s+hpcorch\.runtime\b|"
-    r"from\s+hpcorch\s+import\s+[^#\n]*\bruntime\b)",
+    r"^\s*(import\s+hpcorch\.(runtime|integrations)\b|"
+    r"from\s+hpcorch\.(runtime|integrations)\b|"
+    r"from\s+hpcorch\s+import\s+[^#\n]*\b(runtime|integrations)\b)",
     re.MULTILINE,
 )
+"""A script that imports hpcorch's runtime, or a training library's integration (which
+speaks the runtime's protocol), runs managed."""
 MODES = ("auto", "managed", "sidecar")
 
 
@@ -56,7 +59,8 @@ class SubmitRequest:
     """The controller's pool (a Slurm reservation): the job is held for the controller."""
     app: str | None = None
     mode: str = "auto"
-    """auto (by whether the script imports hpcorch.runtime), managed or sidecar."""
+    """auto (by whether the script imports hpcorch.runtime or an integration), managed or
+    sidecar."""
     sidecar: SidecarSpec | None = None
     """The user's sidecar options, if any were given."""
     options: SlurmOptions = field(default_factory=SlurmOptions)
@@ -140,7 +144,7 @@ def resolve_partition(backend: SlurmBackend, wanted: str | None) -> str:
 
 
 def detect_mode(script: str | os.PathLike[str]) -> str:
-    """managed if the script imports hpcorch's runtime, else sidecar."""
+    """managed if the script imports hpcorch's runtime or an integration, else sidecar."""
     try:
         with open(script, encoding="utf-8", errors="replace") as fh:
             text = fh.read(1 << 20)

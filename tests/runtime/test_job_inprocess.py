@@ -157,7 +157,7 @@ def test_checkpoint_without_its_fields_is_one_clear_error(
 
 
 class _DeviceWait:
-    """torch.distributed for the job module, whose step-boundary all-reduce waits 0.2 s: what
+    """torch.distributed for the launch module, whose step-boundary all-reduce waits 0.2 s: what
     a rank on a GPU does there, where the kernels the training loop only queued finish."""
 
     def __getattr__(self, name: str) -> object:
@@ -176,9 +176,9 @@ def test_step_time_includes_the_wait_for_the_device(
 ) -> None:
     import json
 
-    import hpcorch.runtime.job as job_module
+    import hpcorch.runtime.launch as launch_module
 
-    monkeypatch.setattr(job_module, "dist", _DeviceWait())
+    monkeypatch.setattr(launch_module, "dist", _DeviceWait())
     job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
     model = job.wrap(torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
