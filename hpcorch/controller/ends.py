@@ -108,6 +108,17 @@ def checkpointed(
     if requeued and rec.budget_spent():
         budget_timeout(rec, now, out, requeued=True)
         return
+    if rec.phase != "stopping" and rec.limit_cut:
+        # its time limit was cut for a window on its nodes: the window's doing, not its own
+        # limit (its pre-limit signal may come before the controller moves it): back to the
+        # queue, planned again at the next cycle on the nodes the window leaves
+        rec.moved = f"{MOVED}{rec.limit_cut}"
+        out.events.append(f"checkpointed: {rec.moved}")
+        queue_again(rec, now, out, "requeue_hold", rec.moved, 0.0)
+        if requeued:
+            out.actions.pop()  # it requeued itself held: nothing to ask of Slurm
+        rec.retry_at = now  # a round at the next cycle
+        return
     if rec.phase != "stopping":
         rec.time_relaunches += 1
         if 0 <= rec.max_relaunches < rec.time_relaunches:
@@ -121,9 +132,8 @@ def checkpointed(
             )
             return
     if rec.phase == "stopping":
-        if rec.reason.startswith(LEAVING):
-            # moved off a node an admin drains or a window takes: said as such
-            why = MOVED + rec.reason[len(LEAVING) :]
+        if moved_off(rec):
+            why = rec.moved
             if rec.target_gpus == 0:
                 why += ": checkpointed and queued"
         elif rec.target_gpus == 0:
@@ -136,6 +146,14 @@ def checkpointed(
         why = "checkpointed on its own (time limit?): relaunched"
     out.events.append(f"checkpointed: {why}")
     relaunch(rec, now, pool_nodes, out, why, requeued)
+
+
+def moved_off(rec: JobRecord) -> bool:
+    """Whether the stop that ends was a move off a node an admin drains or a window takes
+    (its reason says so): ``rec.moved`` keeps why, shown again once it runs elsewhere."""
+    moved = rec.phase == "stopping" and rec.reason.startswith(LEAVING)
+    rec.moved = MOVED + rec.reason[len(LEAVING) :] if moved else ""
+    return moved
 
 
 def budget_timeout(rec: JobRecord, now: float, out: Outcome, requeued: bool) -> None:

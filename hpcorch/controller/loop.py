@@ -20,8 +20,9 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
-from hpcorch.cluster import Cluster, Observation
+from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import adopt, availability, reconcile
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
@@ -79,6 +80,10 @@ class Controller:
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
         self._pool_meta = ""
+        self._windows: dict[str, dict[str, Any]] = {
+            f"{w['name']}@{w['start']:.0f}": w for w in _json_list(store.get_meta("windows"))
+        }
+        """Every window seen on the pool's nodes (kept for ``hpcorch report``)."""
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
         self.guard = PoolGuard(self.warn)
@@ -177,7 +182,7 @@ class Controller:
             decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
             self.last_round = now
-        pending = [(r, self._limited(r, a, fate, now)) for r, a in pending]
+        pending = [(r, self._limited(r, a, fate, now, observed)) for r, a in pending]
         try:
             claims = reconcile.start_claims(records, pool_nodes)
         except Exception as exc:
@@ -228,6 +233,7 @@ class Controller:
                     "gpus_used": n.gpus_used,
                     "usable": n.usable,
                     "gpus_foreign": n.gpus_foreign,
+                    "leaving": n.leaving,
                 }
                 for n in obs.nodes
             ]
@@ -248,6 +254,8 @@ class Controller:
                 self.store.set_meta("reservation_end", end)
                 self.store.set_meta("foreign", foreign)
                 self._pool_meta = meta
+            if availability.remember(self._windows, obs.windows):
+                self.store.set_meta("windows", json.dumps(list(self._windows.values())))
         window = self.config.fast_for_s
         self._flight = any(
             r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
@@ -350,11 +358,20 @@ class Controller:
 
     # --- scheduling ---------------------------------------------------------------------
     # --- carrying out ---------------------------------------------------------------------
-    def _limited(self, rec: JobRecord, a: Action, fate: Mapping[str, Fate], now: float) -> Action:
+    def _limited(
+        self,
+        rec: JobRecord,
+        a: Action,
+        fate: Mapping[str, Fate],
+        now: float,
+        observed: Mapping[int, ObservedJob],
+    ) -> Action:
         """A start with the time limit its launch gets (a window ahead on its nodes)."""
         if a.kind != "start" or a.shape is None:
             return a
-        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now))
+        job = observed.get(rec.slurm_id)
+        current = job.time_limit_min if job is not None else 0
+        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now, current))
 
     def _must_wait(
         self,
@@ -415,3 +432,12 @@ def _in_transition(rec: JobRecord) -> bool:
     """A job whose reports move its state machine: starting, stopping, or running but not
     yet reported its start (it cannot be signalled before)."""
     return rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready)
+
+
+def _json_list(text: str | None) -> list[dict[str, Any]]:
+    """A JSON list of objects kept in the store's meta ([] if absent or not one)."""
+    try:
+        raw = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    return [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []

@@ -38,12 +38,12 @@ from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.ends import (
-    MOVED,
     UNPLANNED,
     checkpointed,
     ended,
     left,
     missed_checkpoint,
+    moved_off,
     no_checkpoints,
     queue_again,
     timeout,
@@ -71,7 +71,6 @@ __all__ = [
 ]
 
 REQUEUED = "requeued by Slurm"
-
 REQUEUE_WAIT_S = 30.0
 """A job Slurm requeued after a node failure is left this long for Slurm to start on its
 old nodes (a node whose slurmd restarts is back within seconds); then it is held and
@@ -217,6 +216,7 @@ def _relaunch_from_held(
     rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, s: Settings
 ) -> None:
     forced = rec.forced_at >= rec.phase_since > 0
+    moved_off(rec)
     if forced and missed_checkpoint(rec, s):
         no_checkpoints(rec, now, s, out, "it did not checkpoint when asked", cancel=True)
     elif rec.budget_spent():
@@ -255,8 +255,8 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.ready, rec.ready_at = 0, 0.0
         rec.launch_checkpoints = rec.checkpoints
         why = f"launch {rec.launches}"
-        if rec.reason.startswith(MOVED):  # why it moved stays in view
-            why += f": {rec.reason}"
+        if rec.moved:  # why it moved stays in view
+            why += f": {rec.moved}"
         _set_phase(rec, "running", now, why)
     if job.node_names:
         rec.gpus = job.gpus

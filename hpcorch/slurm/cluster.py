@@ -40,6 +40,9 @@ from hpcorch.slurm.script import parse_comment
 logger = logging.getLogger("hpcorch.controller")
 
 LEASE_NAME = "hpcorch-lease"
+RESERVATION_REASONS = frozenset({"Reservation", "ReqNodeNotAvail", "ResvDeleted"})
+"""Why Slurm keeps a launch pending when another reservation holds its nodes."""
+RESV_REREAD_S = 10.0
 DAY = 86400.0
 RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
 RENEW_BEFORE_S = 30 * DAY
@@ -79,6 +82,8 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self._resv_pending = False
+        """The last observation saw a launch pending for a reservation (RESERVATION_REASONS)."""
         self.windows: tuple[Window, ...] = ()
         """Other reservations on the pool's nodes, read with the pool's own."""
         self._partition = ""
@@ -165,8 +170,16 @@ class SlurmCluster:
 
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
-        pool = self.reservation_nodes()
+        # a launch Slurm keeps pending for a reservation: read the reservations again now
+        # (one made since the last read may hold its nodes), at most every RESV_REREAD_S
+        reread = self._resv_pending and time.monotonic() - self._pool_read_at > RESV_REREAD_S
+        pool = self.reservation_nodes(refresh=reread)
         jobs = self.backend.jobs(self.reservation)
+        self._resv_pending = any(
+            j.state == "PENDING" and not j.held and j.reason in RESERVATION_REASONS
+            for j in jobs
+            if j.reservation == self.reservation
+        )
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
         self._partition = _common_partition([by_name[p] for p in pool if p in by_name])

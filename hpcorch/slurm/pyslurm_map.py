@@ -271,12 +271,9 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
 
 
 def _batch_flag(job: Any) -> bool:
-    """Whether a ``pyslurm.Job`` is a batch job (not salloc/srun): pyslurm's own flag
-    where it has one."""
-    flag = getattr(job, "batch_flag", None)
-    if flag is None:
-        flag = getattr(job, "is_batch", True)
-    return bool(flag)
+    """Whether a ``pyslurm.Job`` is a batch job (not salloc/srun): ``Job.is_batch_job``."""
+    flag = getattr(job, "is_batch_job", None)
+    return True if flag is None else bool(flag)
 
 
 def node_from_pyslurm(node: Any, gpus_used: int = 0) -> SlurmNode:
