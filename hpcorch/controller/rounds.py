@@ -142,7 +142,7 @@ class Rounds:
         for rec in active:
             if rec.phase not in ("queued", "running"):
                 continue
-            if failed & set(rec.node_list.split(",")):
+            if rec.phase == "running" and failed & set(rec.node_list.split(",")):
                 continue  # on a failed node: Slurm requeues it; nothing to ask of it
             if rec.phase == "running" and not rec.movable:
                 rec.reason = rec.fixed_reason()
