@@ -1,6 +1,6 @@
 """The accounting pool as a site with limits: hpcorch-alice (account ml) and hpcorch-bob
-(accounts physics and ml) with associations of their own, a world-readable copy of
-hpcorch for them (tests/integration/users.py ``make_site``), a spool they can read, and a
+(accounts physics and ml) with associations of their own, hpcorch as the site installs
+it for them (tests/integration/users.py ``install_site``), a spool they can read, and a
 managed elastic job without torch (a shell script that speaks the runtime's protocol), so
 that a case costs seconds of start-up, not a torch import per rank.
 
@@ -20,7 +20,15 @@ from typing import Any
 
 from hpcorch.slurm.parse import SlurmJob
 from tests.conftest import Pool
-from tests.integration.users import ALICE, BOB, PYTHON, ensure_user, make_site, world_dir
+from tests.integration.users import (
+    ALICE,
+    BOB,
+    PYTHON,
+    ensure_user,
+    install_site,
+    module_env,
+    world_dir,
+)
 
 CLUSTER = "hpcorch"
 
@@ -80,13 +88,12 @@ class LimitSite:
             "LANG": "C.UTF-8",
             "SLURM_CONF": self.pool.env["SLURM_CONF"],
             "LD_LIBRARY_PATH": self.pool.env.get("LD_LIBRARY_PATH", ""),
-            "PYTHONPATH": str(self.site),
             "PYTHONDONTWRITEBYTECODE": "1",
             "HOME": str(home),
             "HPCORCH_HOME": str(home),
             "HPCORCH_SPOOL": str(self.spool),
             "HPCORCH_PYTHON": PYTHON,
-            "HPCORCH_WRAPPER": str(self.site / "jobscripts" / "hpcorch-run.sbatch"),
+            "HPCORCH_WRAPPER": module_env(self.site)["HPCORCH_WRAPPER"],
             "HPCORCH_SLURM_BACKEND": "cli",
         }
 
@@ -141,7 +148,7 @@ def make_limit_site(pool: Pool, reservation: str, nodes: str) -> LimitSite:
     for user in (ALICE, BOB):
         sacctmgr(pool, "modify", "user", user, "set", "qos=normal,high", "defaultqos=normal")
     root = world_dir("hpcorch-limits-")
-    site = make_site(root)
+    site = install_site()
     spool = root / "spool"
     spool.mkdir(mode=0o711)
     job = root / "elastic.sh"

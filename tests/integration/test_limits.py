@@ -288,3 +288,35 @@ def ctl_meta(ctl: ControllerProc, key: str) -> Any:
         return json.loads(store.get_meta(key) or "[]")
     finally:
         store.close()
+
+
+def test_a_drained_node_is_given_back_under_a_limit(lsite: LimitSite, ctl: ControllerProc) -> None:
+    """Issue 33, drains on the accounting pool: alice's elastic job, within her QOS limit
+    of 8 GPUs, runs on both pool nodes; an admin drains one: she leaves it at her next
+    checkpoint, the node is DRAINED within 60 s, and her job completes on the other."""
+    pool = lsite.pool
+    sacctmgr(pool, "modify", "qos", "normal", "set", "MaxTRESPerUser=gres/gpu=8")
+    node = "gpu-a002"
+    try:
+        with PendingWatch(pool) as watch:
+            ctl.start()
+            job = lsite.submit_id(ALICE, 1, 8, work=40)
+
+            def nodes() -> str:
+                j = pool.squeue().get(job)
+                return j.nodes if j is not None and j.state == "RUNNING" else ""
+
+            wait_for("her job on both nodes", lambda: nodes() == "gpu-a[001-002]", 120, ctl.log)
+            wait_for("it trains", lambda: ctl.training(job), 60, ctl.log)
+            pool.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=repair")
+
+            def drained() -> bool:
+                state = pool.run("sinfo", "-h", "-N", "-n", node, "-o", "%t").stdout
+                return state.strip() == "drain"
+
+            wait_for(f"{node} drained", drained, 60, ctl.log)
+            finish(ctl, watch, {job})
+        rec = ctl.record(job)
+        assert rec is not None and rec.moved.startswith(f"moved off {node}"), rec
+    finally:
+        pool.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
