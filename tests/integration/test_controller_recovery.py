@@ -21,7 +21,7 @@ from tests.integration.controller_util import (
     submit,
     wait_for,
 )
-from tests.integration.users import PYTHON, can_run, install_site
+from tests.integration.users import PYTHON, can_run, ensure_user, install_site
 
 pytestmark = pytest.mark.slurm
 
@@ -237,8 +237,7 @@ def _second_user() -> str | None:
     """A non-root user that runs hpcorch as the site installs it (slurm/install-site)."""
     if can_run():
         return None
-    if subprocess.run(["id", "hpcorch-test"], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", "hpcorch-test"], check=True)
+    ensure_user("hpcorch-test")
     install_site()
     return "hpcorch-test"
 

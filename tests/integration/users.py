@@ -10,6 +10,7 @@ file sets. Nothing depends on the checkout's or the development environment's pe
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import re
@@ -48,17 +49,20 @@ def can_run() -> str | None:
     """Why the multi-user tests cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root to create users and run jobs as them"
-    for tool in ("useradd", "setpriv", PYTHON):
+    for tool in ("useradd", "setpriv", "python3"):  # PYTHON is made by install_site()
         if not shutil.which(tool):
             return f"needs {tool}"
     return None
 
 
 def ensure_user(name: str, system: bool = False) -> int:
-    """The uid of ``name``, created (without a home) if missing."""
-    if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-        argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
-        subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
+    """The uid of ``name``, created (without a home) if missing: under a lock, since test
+    sessions side by side (.ci/run's lanes) may make the same user at the same moment."""
+    with open("/tmp/hpcorch-test-users.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+            argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+            subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
     return int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout)
 
 
