@@ -32,6 +32,7 @@ class Executor:
             job=rec.job_key,
             launch=launch,
             placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
+            trained_step=rec.trained_step,
         )
 
     def execute(self, rec: JobRecord, a: Action) -> str:

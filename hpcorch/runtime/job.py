@@ -63,6 +63,12 @@ class ElasticJob(Launch):
         resumed = find_resume(self, self.checkpoint_dir)  # the newest that loads (reads only)
         if resumed is not None:
             self._resume_from(resumed)
+        elif settings.trained_step > 0:
+            self.log(
+                f"warning: this launch starts from step 0, but earlier launches of this job "
+                f"trained to step {settings.trained_step}: no checkpoint in "
+                f"{self.checkpoint_dir} could be read, their work is lost"
+            )
         self.starting(self.global_step)  # the first writes: a bad plan or checkpoint wrote none
 
     def _resume_from(self, resumed: Resumed) -> None:

@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import hpcorch.runtime as hr
+from hpcorch.planner import LaunchPlan
+from hpcorch.protocol import PLAN_FILE
 from hpcorch.runtime import checkpoint as ckpt
 from tests.runtime.harness import free_port
 
@@ -205,3 +207,25 @@ def test_one_rank_has_no_noise_hook(one_rank: Path, monkeypatch: pytest.MonkeyPa
     job.track(model, opt)
     train(job, model, opt, steps=2)
     assert calls == [] and job.noise_scale is None
+
+
+def test_a_launch_that_finds_no_checkpoint_after_earlier_launches_trained_says_so(
+    one_rank: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = LaunchPlan(global_batch=8, gpus=1, max_micro_batch=8, launch=3, trained_step=120)
+    (one_rank / PLAN_FILE).write_text(plan.to_json())
+    job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    assert job.global_step == 0
+    err = capsys.readouterr().err
+    assert "this launch starts from step 0, but earlier launches of this job trained to " in err
+    assert "step 120: no checkpoint in " in err and "their work is lost" in err
+
+
+def test_a_first_launch_says_nothing_of_earlier_work(
+    one_rank: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = LaunchPlan(global_batch=8, gpus=1, max_micro_batch=8)
+    assert "trained_step" not in plan.to_json()  # plan files read by older runtimes
+    (one_rank / PLAN_FILE).write_text(plan.to_json())
+    hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    assert "starts from step 0" not in capsys.readouterr().err
