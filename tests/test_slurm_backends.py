@@ -635,7 +635,7 @@ class LeaseCLI(RecordingCLI):
 def test_a_lease_job_the_reservation_refuses_is_placed_outside_it_naming_the_pool() -> None:
     cli = LeaseCLI()
     cluster = SlurmCluster("pool", backend=cli)
-    cluster._partition = "gpu"
+    cluster._partition = "gpu"  # the pool nodes' partition, as read
     assert cluster.create_lease("hpcorch-lease:owner=h:1,token=ab,seq=1,beat=0") == 41
     first, second = cli.argv
     assert "--reservation=pool" in first and not any("reservation" in a for a in second)

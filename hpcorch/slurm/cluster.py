@@ -19,8 +19,6 @@ from typing import Any
 
 from hpcorch.cluster import (
     ENDED_STATES,
-    LEASE_NAME,
-    LEASE_TAG,
     ForeignJob,
     LeaseJob,
     Observation,
@@ -28,7 +26,6 @@ from hpcorch.cluster import (
     PoolNode,
     Shape,
     Window,
-    lease_pool,
 )
 from hpcorch.errors import HpcorchError, SlurmCommandError
 from hpcorch.limits import LimitBook, refusal
@@ -38,14 +35,13 @@ from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.lease_jobs import SlurmLeaseJobs, as_lease
 from hpcorch.slurm.limits import limit_book, rekey
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
-LEASE_SCRIPT = "#!/bin/sh\nexit 0\n"
-"""The lease job's script: it is held and never runs (``exit 0`` if an operator releases it)."""
 RESERVATION_REASONS = frozenset({"Reservation", "ReqNodeNotAvail", "ResvDeleted"})
 """Why Slurm keeps a launch pending when another reservation holds its nodes."""
 RESV_REREAD_S = 10.0
@@ -93,9 +89,8 @@ class SlurmCluster:
         self.windows: tuple[Window, ...] = ()
         """Other reservations on the pool's nodes, read with the pool's own."""
         self._partition = ""
-        self._lease_outside = False
-        """The reservation refused the lease job: it is placed outside it (create_lease)."""
         """A partition every pool node is in (where the lease job is submitted)."""
+        self.leases = SlurmLeaseJobs(self.backend, self.reservation, self._lease_partition)
         self._limits_read_at = -1e18
         self._assoc: tuple[AssocMgr, dict[str, Partition]] = (AssocMgr(), {})
         self._book = LimitBook()
@@ -207,8 +202,8 @@ class SlurmCluster:
         cpus_per_gpu: dict[int, int] = {}
         tagged: list[SlurmJob] = []
         for j in jobs:
-            if self._is_lease(j):
-                leases.append(_lease(j))
+            if self.leases.is_lease(j):
+                leases.append(as_lease(j))
                 continue
             if j.reservation != self.reservation:
                 continue
@@ -352,55 +347,22 @@ class SlurmCluster:
 
     # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
     def lease_jobs(self) -> list[LeaseJob]:
-        return [_lease(j) for j in self.backend.jobs(self.reservation) if self._is_lease(j)]
-
-    def _is_lease(self, j: SlurmJob) -> bool:
-        """A lease job of this pool: in the reservation, or outside it naming the pool."""
-        if not j.comment.startswith(LEASE_TAG):
-            return False
-        return j.reservation == self.reservation or (
-            not j.reservation and j.name == LEASE_NAME and lease_pool(j.comment) == self.reservation
-        )
+        return self.leases.lease_jobs()
 
     def create_lease(self, comment: str) -> int:
-        """A held placeholder job in the reservation, never run (``exit 0`` if an operator
-        released it), on the partition of the pool's nodes.
+        return self.leases.create_lease(comment)
 
-        A reservation that does not admit the controller's account (a site's, for its
-        users only: Slurm checks users and accounts, not operators) gets no new user from
-        the controller: the job is placed outside it, on the same partition, and its
-        comment names the pool."""
-        args = ["--hold", f"--job-name={LEASE_NAME}", "--nodes=1", "--time=1"]
-        args += ["--output=/dev/null", "--chdir=/", f"--comment={self._pool_note(comment)}"]
+    def write_lease(self, slurm_id: int, comment: str) -> None:
+        self.leases.write_lease(slurm_id, comment)
+
+    def drop_lease(self, slurm_id: int) -> None:
+        self.leases.drop_lease(slurm_id)
+
+    def _lease_partition(self) -> str:
         if not self._partition:
             pool = set(self.reservation_nodes())
             self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
-        if self._partition:
-            args.append(f"--partition={self._partition}")
-        if not self._lease_outside:
-            try:
-                return self.backend.submit(
-                    LEASE_SCRIPT, [*args, f"--reservation={self.reservation}"]
-                )
-            except HpcorchError as exc:
-                if "access denied to requested reservation" not in str(exc).lower():
-                    raise
-                self._lease_outside = True
-                logger.info(
-                    "reservation %r does not admit the controller's account: its lease job "
-                    "is outside it, naming the pool",
-                    self.reservation,
-                )
-        return self.backend.submit(LEASE_SCRIPT, args)
-
-    def _pool_note(self, comment: str) -> str:
-        return f"{comment},pool={self.reservation}"
-
-    def write_lease(self, slurm_id: int, comment: str) -> None:
-        self.backend.set_comment(slurm_id, self._pool_note(comment))
-
-    def drop_lease(self, slurm_id: int) -> None:
-        self._tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))
+        return self._partition
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -518,10 +480,6 @@ def _common_partition(nodes: Sequence[SlurmNode]) -> str:
         return ""
     rest = [set(n.partitions) for n in nodes[1:]]
     return next((p for p in nodes[0].partitions if all(p in r for r in rest)), "")
-
-
-def _lease(j: SlurmJob) -> LeaseJob:
-    return LeaseJob(j.job_id, j.uid, j.comment, ended=j.state in ENDED_STATES)
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:
