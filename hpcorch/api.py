@@ -243,7 +243,7 @@ class Job:
         if job is not None and pooled and job.state in ENDED_STATES:
             phase = self.phase
             if phase is not None:
-                return phase in ("done", "failed", "cancelled", "lost", "timeout")
+                return phase in ("done", "failed", "cancelled", "lost", "timeout", "left")
             return _overdue(job, time.time())
         return is_over(job, pooled)
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hpcorch.limits import LimitBook
 from hpcorch.planner import LaunchPlan
 
 ENDED_STATES = frozenset(
@@ -44,6 +45,10 @@ class PoolNode:
     """CPUs held by jobs the controller did not place."""
     gpu_type: str = ""
     """The node's GPU type as Slurm names it (``Gres=gpu:a100:4``), "" when untyped."""
+    leaving: str = ""
+    """Why the node is to be emptied though it still runs its jobs (an admin drains it, a
+    reboot is pending): its jobs move off it at their next safe point and nothing new is
+    planned on it ('': it is not). Such a node is not ``usable``."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,13 @@ class ObservedJob:
     special_exit: bool = False
     """Requeued held by the job itself after a checkpoint on request (Slurm's SPECIAL_EXIT
     state; the job wrapper's ``requeuehold State=SpecialExit``): a relaunch to make."""
+    batch: bool = True
+    """A batch job; False for an interactive allocation (salloc, srun), which Slurm can
+    neither signal through a batch script nor requeue: it cannot keep the pool's contract."""
+    requeue: bool = True
+    """Slurm may requeue it (False: ``--no-requeue``, or ``Requeue=0`` set by an update)."""
+    time_limit_min: int = 0
+    """Its time limit in minutes (0: none, or not known)."""
 
     @property
     def gpus(self) -> int:
@@ -112,6 +124,51 @@ class ForeignJob:
 
 
 @dataclass(frozen=True)
+class Window:
+    """Another reservation on some of the pool's nodes (a maintenance window, an admin's
+    reservation): from ``start`` to ``end`` (Unix times) they are not the pool's."""
+
+    name: str
+    nodes: tuple[str, ...]
+    start: float
+    end: float
+    flags: tuple[str, ...] = ()
+
+    @property
+    def maintenance(self) -> bool:
+        return "MAINT" in self.flags
+
+
+LEASE_TAG = "hpcorch-lease:"
+"""The comment prefix of the placeholder job that holds the pool's lease (one controller
+acts on a pool: hpcorch/controller/lease.py)."""
+LEASE_NAME = "hpcorch-lease"
+"""The lease job's name: it is in the pool's reservation, or (where the reservation does
+not admit the controller's account) outside it, its comment naming the pool (``pool=``)."""
+
+
+def lease_pool(comment: str) -> str:
+    """The pool a lease comment names (``pool=NAME``), "" if none."""
+    if not comment.startswith(LEASE_TAG):
+        return ""
+    for item in comment[len(LEASE_TAG) :].split(","):
+        key, _, value = item.partition("=")
+        if key == "pool":
+            return value
+    return ""
+
+
+@dataclass(frozen=True)
+class LeaseJob:
+    """A lease placeholder job as the scheduler lists it."""
+
+    slurm_id: int
+    uid: int
+    comment: str
+    ended: bool = False
+
+
+@dataclass(frozen=True)
 class Observation:
     time: float
     nodes: tuple[PoolNode, ...]
@@ -124,6 +181,12 @@ class Observation:
     foreign: tuple[ForeignJob, ...] = ()
     """Jobs on the pool's nodes the controller did not place (their GPUs are in
     ``PoolNode.gpus_foreign``)."""
+    leases: tuple[LeaseJob, ...] = ()
+    """The pool's lease jobs (which controller may act on it)."""
+    windows: tuple[Window, ...] = ()
+    """Other reservations on the pool's nodes that have not ended (maintenance windows)."""
+    limits: LimitBook = field(default_factory=LimitBook)
+    """The scheduler's limits on the pool's jobs (:mod:`hpcorch.limits`); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +206,11 @@ class Shape:
     per_node: tuple[int, ...] = ()
     gpu_type: str = ""
     """The GPU type the launch requests (``--gres=gpu:<type>:N``; "": any)."""
+    time_limit_min: int = 0
+    """The launch's time limit in minutes (-1: none; 0: as the job has it): cut to end
+    before a window on its nodes starts (hpcorch/controller/availability.py), and within
+    the scheduler's limits (``MaxWall``, a partition's ``MaxTime``) where the job's own is
+    longer."""
 
     @property
     def gpus(self) -> int:
@@ -191,6 +259,13 @@ class Cluster(Protocol):
         """Put a job that ended (or is running: it is killed) back in the queue, held."""
 
     def cancel(self, slurm_id: int) -> None: ...
+    def allow_requeue(self, slurm_id: int) -> None:
+        """Let Slurm requeue a pool job again (its owner or an admin set ``Requeue=0``)."""
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        """Jobs among ``slurm_ids`` that the scheduler still lists outside the pool: id ->
+        the reservation they are in now ('' none). Those it no longer lists are absent."""
+
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:
         """Hand a job the plan of its next launch, readable by its owner (``uid``). The
         Slurm side writes it to the controller's spool, never to a path a user chose."""

@@ -68,6 +68,17 @@ _JOB_KEYS = (
 
 
 @dataclass
+class WindowSpan:
+    """Another reservation that took pool nodes for a while (a maintenance window)."""
+
+    name: str
+    nodes: list[str]
+    start: float
+    end: float
+    maintenance: bool
+
+
+@dataclass
 class Report:
     source: str
     total_gpus: int
@@ -77,6 +88,8 @@ class Report:
     jobs: list[JobReport]
     utilisation: list[tuple[float, int]]
     """(time, GPUs held by jobs) steps."""
+    windows: list[WindowSpan] = field(default_factory=list)
+    """Windows the controller saw on the pool's nodes (relative times)."""
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -111,9 +124,19 @@ class Report:
             for j in doc["jobs"]
         ]
         util = [(float(t), int(g)) for t, g in doc["utilisation"]]
+        windows = [
+            WindowSpan(
+                str(w["name"]),
+                [str(n) for n in w["nodes"]],
+                float(w["start"]),
+                float(w["end"]),
+                bool(w["maintenance"]),
+            )
+            for w in doc.get("windows", [])
+        ]
         return cls(
             str(doc["source"]), int(doc["total_gpus"]), float(doc["origin"]),
-            float(doc["end"]), jobs, util,
+            float(doc["end"]), jobs, util, windows,
         )  # fmt: skip
 
     def mean_utilisation(self) -> float:
@@ -225,7 +248,30 @@ def build(
     util = _utilisation(out)
     if not total:
         total = max((g for _, g in util), default=0)
-    return Report(source, total, round(origin, 3), _r(end), out, util)
+    windows = _windows(meta, origin, end)
+    return Report(source, total, round(origin, 3), _r(end), out, util, windows)
+
+
+def _windows(meta: dict[str, str], origin: float, end: float) -> list[WindowSpan]:
+    """The windows the controller recorded (meta ``windows``) that overlap the report."""
+    try:
+        raw = json.loads(meta.get("windows") or "[]")
+    except json.JSONDecodeError:
+        return []
+    out = []
+    for w in raw if isinstance(raw, list) else []:
+        try:
+            start, stop = float(w["start"]) - origin, float(w["end"] or 0) - origin
+            nodes = [str(n) for n in w["nodes"]]
+            stop = stop if w["end"] else end
+            span = WindowSpan(
+                str(w["name"]), nodes, _r(start), _r(stop), bool(w.get("maintenance"))
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+        if span.end > 0 and span.start < end:
+            out.append(span)
+    return out
 
 
 def _types_run(sams: list[dict[str, Any]], last: str) -> list[str]:

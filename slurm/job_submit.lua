@@ -14,6 +14,11 @@ admin_uid:
   * may submit it only held and tagged as hpcorch's (`hpcorch submit` does both: sbatch
     --hold, --comment=hpcorch:...); anything else (plain sbatch/srun/salloc) is refused
     with one line naming what to do;
+  * may submit only a batch job that Slurm can requeue: the pool's contract (the
+    controller resizes and preempts a job by asking it to checkpoint through its batch
+    script, then requeueing it). An interactive allocation (salloc, srun, even held and
+    tagged) and `--no-requeue` are refused with one line each;
+  * may not make a pool job unrequeueable (scontrol update Requeue=0);
   * may not release it, or set its priority: the controller starts it (scontrol release
     is refused with one line; `scontrol hold`/`uhold` stay allowed);
   * may not move a job into the reservation (scontrol update ReservationName=...).
@@ -23,6 +28,9 @@ Works with Slurm 22.05 to 25.11 (Lua 5.1 to 5.4). Reloaded by `scontrol reconfig
 
 local TAG = "hpcorch:"
 local NO_VAL = 4294967294 -- Slurm's "not set" for a 32-bit field
+-- An update refused: Slurm 22.05's scontrol prints only the error code's text, not the
+-- line logged for the user (25.11's prints both), so the code says what happened.
+local DENIED = slurm.ESLURM_ACCESS_DENIED or slurm.ERROR
 local patterns = {}
 local admins = { [0] = true }
 
@@ -82,6 +90,20 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     )
     return slurm.ERROR
   end
+  if job_desc.script == nil or job_desc.script == "" then
+    slurm.log_user(
+      "reservation %s is the hpcorch pool: it runs batch jobs only, no salloc or srun allocations (the controller must be able to ask a job to checkpoint and requeue it); submit with 'hpcorch submit'",
+      pool
+    )
+    return slurm.ERROR
+  end
+  if job_desc.requeue == 0 then
+    slurm.log_user(
+      "reservation %s is the hpcorch pool: its jobs must be requeueable (no --no-requeue): the controller resizes and preempts them by requeueing",
+      pool
+    )
+    return slurm.ERROR
+  end
   return slurm.SUCCESS
 end
 
@@ -92,13 +114,17 @@ function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local into = closed(job_desc.reservation)
   if into ~= nil and closed(job_rec.resv_name) ~= into then
     slurm.log_user("reservation %s is the hpcorch pool: only its controller moves jobs into it", into)
-    return slurm.ERROR
+    return DENIED
   end
   local pool = closed(job_rec.resv_name)
+  if pool ~= nil and job_desc.requeue == 0 then
+    slurm.log_user("job %d is in the hpcorch pool %s: it must stay requeueable (Requeue=0 refused): the controller resizes and preempts its jobs by requeueing", job_rec.job_id, pool)
+    return DENIED
+  end
   local prio = job_desc.priority
   if pool ~= nil and prio ~= nil and prio ~= 0 and prio ~= NO_VAL then
     slurm.log_user("job %d is in the hpcorch pool %s: its controller starts it, not scontrol release", job_rec.job_id, pool)
-    return slurm.ERROR
+    return DENIED
   end
   return slurm.SUCCESS
 end

@@ -13,6 +13,7 @@ from hpcorch.cluster import ForeignJob, Observation, PoolNode
 from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.logs import disk_full
 from hpcorch.controller.loop import Controller
+from hpcorch.controller.service import serve
 from hpcorch.controller.store import JobRecord, Store
 from hpcorch.policy.share import SharePolicy
 from hpcorch.protocol import EXIT_UNPLANNED
@@ -196,7 +197,7 @@ def test_a_full_state_directory_is_said_once_and_nothing_is_done(tmp_path: Path)
         raise sqlite3.OperationalError("database or disk is full")
 
     ctl.cycle = full_cycle  # type: ignore[assignment,method-assign]
-    ctl.run(lambda: next(cycles, None) is None, lambda s: None)
+    serve(ctl, lambda: next(cycles, None) is None, lambda s: None)
     assert sum("cannot be written" in ln for ln in lines) == 1
     assert c.log[n:] == [] and c.state(1) == "RUNNING"
 

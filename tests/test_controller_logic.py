@@ -85,7 +85,8 @@ class FakeCluster:
                 for n in fj.job.node_names:
                     used[int(n[1:]) - 1] += fj.job.gpus_per_node
         nodes = tuple(
-            PoolNode(f"n{i + 1}", self.gpus_per_node, used[i], True) for i in range(self.nodes)
+            PoolNode(f"n{i + 1}", self.gpus_per_node, used[i], f"n{i + 1}" not in self.down)
+            for i in range(self.nodes)
         )
         return Observation(self.t, nodes, tuple(fj.job for fj in self.jobs.values()))
 
@@ -394,7 +395,9 @@ def test_relaunch_waits_for_the_second_after_the_end_was_seen(tmp_path: Path) ->
     assert mine[-2:] == [("requeue_hold", 1), ("start", 1)]
 
 
-def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path) -> None:
+def test_a_job_requeued_after_a_node_failure_is_planned_again_on_the_nodes_in_service(
+    tmp_path: Path,
+) -> None:
     c = FakeCluster()
     c.add(1, 2, 2)
     ctl = controller(tmp_path, c)
@@ -409,8 +412,9 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     assert c.log == [("start", 1)]
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
     c.t += REQUEUE_WAIT_S
+    ctl.cycle()  # held and planned again, on the nodes in service
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
+    assert c.log[-2:] == [("hold", 1), ("start", 1)] and c.shapes[-1].node_names == ("n2",)
     ctl.cycle()
     assert c.log.count(("start", 1)) == 2  # started once
 
@@ -445,8 +449,8 @@ def test_a_job_requeued_by_slurm_is_left_to_slurm_while_its_node_may_return(
 def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     tmp_path: Path,
 ) -> None:
-    """Slurm requeues a job being stopped for a resize (its node died): it is restarted
-    without the node list that names the dead node, not left pending for good."""
+    """Slurm requeues a job being stopped for a resize (its node died): it is planned again
+    away from the dead node, not left pending for good."""
     c = FakeCluster()
     c.add(1, 2, 2)
     ctl = controller(tmp_path, c)
@@ -462,7 +466,8 @@ def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
     c.t += REQUEUE_WAIT_S
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
+    ctl.cycle()
+    assert c.log[-2:] == [("hold", 1), ("start", 1)] and "n1" not in c.shapes[-1].node_names
 
 
 def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:
@@ -497,7 +502,8 @@ def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
     tmp_path: Path,
 ) -> None:
     """Seen on the pool: a job still stopping past the grace period was requeued by force
-    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one."""
+    at every cycle (35 requeues in 35 s) while Slurm had not yet shown the first one. Once
+    forced, it is left ``force_retry_s`` to go; still running after that, it is ended."""
     c = FakeCluster()
     c.add(1, 1, 8)
     ctl = controller(tmp_path, c)
@@ -512,11 +518,14 @@ def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
         ctl.cycle()
         c.t += 1
     assert c.log.count(("requeue_hold", 1)) == 1
-    c.t += Settings().force_retry_s
-    ctl.cycle()  # still not requeued after a long wait: forced once more
-    assert c.log.count(("requeue_hold", 1)) == 2
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "stopping" and "requeued by force" in rec.reason
+    c.t += Settings().force_retry_s
+    ctl.cycle()  # still running long after its forced requeue: it is ended, not re-forced
+    assert c.log.count(("requeue_hold", 1)) == 1 and c.state(1) == "CANCELLED"
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "failed" and "contract" in rec.reason
 
 
 def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(

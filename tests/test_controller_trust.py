@@ -203,8 +203,10 @@ def test_a_start_that_fails_once_then_works(tmp_path: Path) -> None:
     ctl.cycle()
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "running" and rec.start_failures == 1
-    digest(rec, {"event": "start"}, lambda m: None)  # the count ends once the job reports
-    assert rec.start_failures == 0  # its start (a run that dies at once still counts)
+    digest(rec, {"event": "start"}, lambda m: None)  # a start alone keeps nothing: the
+    assert rec.start_failures == 1  # count stays (a launch that only starts loops for ever)
+    digest(rec, {"event": "checkpoint"}, lambda m: None)  # it kept something
+    assert rec.start_failures == 0
 
 
 def test_a_lost_job_that_reappears_is_readopted(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape, fill_gpus
 from hpcorch.controller import reconcile
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import Settings, launch_wait, target_shape
+from hpcorch.controller.service import serve
 from hpcorch.controller.snapshot import placement_of
 from hpcorch.controller.store import JobRecord, Store
 from hpcorch.planner import LaunchPlan
@@ -232,7 +233,7 @@ def test_run_polls_fast_only_while_a_transition_is_in_flight(tmp_path: Path) -> 
         if len(sleeps) == 4:
             c.jobs[7] = replace(c.jobs[7], state="RUNNING")
 
-    ctl.run(lambda: len(sleeps) >= 7, sleep)
+    serve(ctl, lambda: len(sleeps) >= 7, sleep)
     # 2 Slurm calls a cycle at most 8 a second: 0.25 s apart (not 0.1) while starting
     assert sleeps[:4] == [0.25, 0.25, 0.25, 0.25]
     # seen running at the 5th cycle: then the next full cycle, 10 s after the first

@@ -149,3 +149,27 @@ def test_a_job_slurm_never_ran_is_no_training_bar_and_the_pool_is_the_denominato
     assert rep.total_gpus == 16
     assert max(g for _, g in rep.utilisation) == 4
     assert rep.mean_utilisation() == pytest.approx(4 * 90 / (16 * 100))
+
+
+def test_a_maintenance_window_is_in_the_report_and_its_picture(tmp_path: Path) -> None:
+    """Issue 33: `hpcorch report` shows a window another reservation took pool nodes for
+    (the controller keeps every window it saw in its store's meta ``windows``)."""
+    from hpcorch.cli.report import plot
+    from hpcorch.report import build
+
+    jobs = [
+        {"slurm_id": 1, "name": "ran", "phase": "done", "submit_time": 1000.0,
+         "finished_at": 1400.0, "started_at": 1010.0, "launches": 2, "gpu_seconds": 2000.0,
+         "resizes": 1, "phase_since": 1400.0},
+    ]  # fmt: skip
+    windows = [{"name": "maint", "nodes": ["n2"], "start": 1200.0, "end": 1300.0,
+                "maintenance": True}]  # fmt: skip
+    pool = json.dumps([{"name": f"n{i}", "gpus": 4, "usable": True} for i in (1, 2)])
+    rep = build(jobs, [], [], {"pool": pool, "windows": json.dumps(windows)}, "test")
+    (w,) = rep.windows
+    assert (w.name, w.nodes, w.start, w.end, w.maintenance) == ("maint", ["n2"], 200, 300, True)
+    again = type(rep).from_json(json.loads(json.dumps(rep.to_json())))
+    assert again.windows == rep.windows
+    png = tmp_path / "w.png"
+    plot(rep, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

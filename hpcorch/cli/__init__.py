@@ -20,7 +20,7 @@ COMMANDS = {
     "controller": "hpcorch.cli.controller:controller",
     "describe": "hpcorch.cli.describe:describe",
     "resize": "hpcorch.cli.pin:resize",
-    "metrics": "hpcorch.cli.controller:metrics",
+    "metrics": "hpcorch.cli.metrics:metrics",
     "simulate": "hpcorch.cli.simulate:simulate",
     "report": "hpcorch.cli.report:report",
 }

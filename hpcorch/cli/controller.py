@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -19,9 +20,11 @@ from hpcorch import logsetup
 from hpcorch.cli import params
 from hpcorch.cli.config import config_option
 from hpcorch.cluster import ENDED_STATES
+from hpcorch.controller.lease import DEFAULT_TTL_S, Lease, LeaseLost
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.query_server import QueryServer
 from hpcorch.controller.reconcile import Settings
+from hpcorch.controller.service import serve
 from hpcorch.controller.store import Store
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
@@ -144,6 +147,14 @@ def _lock(directory: Path) -> Iterator[None]:
     help="Seconds Slurm may keep a released launch pending before it is held and planned again.",
 )
 @click.option(
+    "--startup",
+    type=params.Number(10.0, 86400.0),
+    default=600.0,
+    show_default=True,
+    help="Seconds a launch may take to report that training started; it keeps its GPUs "
+    "meanwhile (it cannot checkpoint yet), then may be stopped like any other.",
+)
+@click.option(
     "--max-retries",
     type=params.Integer(0, 1000),
     default=2,
@@ -171,6 +182,14 @@ def _lock(directory: Path) -> Iterator[None]:
     is_flag=True,
     help="Let one launch span nodes of several GPU types (it trains at the slowest one's "
     "speed); by default each launch is on one type.",
+)
+@click.option(
+    "--lease-ttl",
+    type=params.Number(10.0, 3600.0),
+    default=DEFAULT_TTL_S,
+    show_default=True,
+    help="Seconds without a heartbeat after which another controller may take the pool "
+    "over (one controller acts on a pool: a second one, on any host, stands by).",
 )
 @click.option("--once", is_flag=True, help="Run one cycle and exit.")
 @click.option(
@@ -216,11 +235,13 @@ def controller(
     restart_cost: float,
     grace: float,
     launch_pending: float,
+    startup: float,
     max_retries: int,
     min_run: float,
     seed: int,
     pool_models_across_users: bool,
     mix_gpu_types: bool,
+    lease_ttl: float,
     once: bool,
     spool: str | None,
     adopt: bool,
@@ -276,12 +297,12 @@ def controller(
                 max_retries=max_retries,
                 min_run_s=min_run,
                 launch_pending_s=launch_pending,
+                startup_s=startup,
             ),
         )
         chosen = make_policy(policy, seed)
         if pool_models_across_users:
             chosen = AcrossOwners(chosen)
-        loop = Controller(cluster, store, chosen, config)
         stop = threading.Event()
 
         def on_signal(signum: int, _frame: Any) -> None:
@@ -290,14 +311,57 @@ def controller(
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        lease = Lease(cluster, ttl_s=lease_ttl)
+        if not _hold_lease(lease, reservation, once, stop, min(interval, lease_ttl / 4)):
+            store.close()
+            return
+        loop = Controller(cluster, store, chosen, config, lease=lease)
         queries = QueryServer(directory)  # users read the pool through <state>/query.sock
         queries.start()
+        try:
+            if once:
+                loop.cycle()
+            else:
+                serve(loop, stop.is_set, stop.wait)
+        except LeaseLost as exc:
+            raise click.ClickException(str(exc)) from None
+        finally:
+            queries.close()
+            store.close()
+            with suppress(HpcorchError):
+                lease.release()
+
+
+def _hold_lease(
+    lease: Lease, reservation: str, once: bool, stop: threading.Event, every: float
+) -> bool:
+    """Take the pool's lease, standing by while another controller holds it (said once);
+    False if told to stop first. ``once``: refuse instead of standing by."""
+    log = logging.getLogger("hpcorch.controller")
+    since = time.monotonic()
+    said = ""
+    while not stop.is_set():
+        try:
+            if lease.try_acquire():
+                waited = time.monotonic() - since
+                after = f" after standing by {waited:.0f} s" if said else ""
+                log.info(
+                    "holds the lease of pool '%s' (job %d)%s", reservation, lease.job_id, after
+                )
+                return True
+            why = (
+                f"{lease.describe_holder()} holds the lease of pool '{reservation}': standing "
+                f"by; this one takes over if it stops renewing it for {lease.ttl_s:.0f} s"
+            )
+        except HpcorchError as exc:
+            why = f"cannot read the pool's lease ({exc}): trying again"
         if once:
-            loop.cycle()
-        else:
-            loop.run(stop.is_set, stop.wait)
-        queries.close()
-        store.close()
+            raise click.ClickException(why.replace(": standing by;", ": not acting;"))
+        if why.split(":")[0] != said.split(":")[0]:
+            log.warning("%s", why)
+            said = why
+        stop.wait(every)
+    return False
 
 
 def _check_reservation(store: Store, directory: Path, reservation: str, adopt: bool) -> None:
@@ -333,6 +397,11 @@ def pool_nodes(
     if not nodes.isdigit():
         return nodes
     want = int(nodes)
+    if want < 1:
+        raise HpcorchError(
+            f"--nodes {nodes}: give the number of idle GPU nodes the reservation is to hold "
+            "(at least 1), or name the nodes (e.g. n[1-4])"
+        )
     part = partition or cluster.backend.partitions()[1]
     taken = {n for names in cluster.backend.reservations().values() for n in names}
     idle = [
@@ -341,7 +410,7 @@ def pool_nodes(
         if part in n.partitions and n.gpus and n.usable and not n.gpus_used
         and not n.cpus_used and n.name not in taken
     ]  # fmt: skip
-    if want < 1 or len(idle) < want:
+    if len(idle) < want:
         raise HpcorchError(
             f"--nodes {want}: partition '{part}' has {len(idle)} idle GPU node(s) outside "
             f"other reservations ({','.join(idle) or 'none'}); name the nodes instead"
@@ -401,57 +470,3 @@ def _prepare_spool(directory: Path, spool: Path) -> None:
                 err=True,
             )
             break
-
-
-def _open_store(state_dir: str | None) -> Store:
-    path = controller_dir(state_dir) / STATE_DB
-    if path.exists() and not os.access(path, os.R_OK):
-        raise click.ClickException(
-            f"cannot read the controller's state {path}: permission denied (ask the site for "
-            "read access, e.g. the controller's group)"
-        )
-    try:
-        return Store(path, readonly=True)
-    except HpcorchError as exc:
-        raise click.ClickException(str(exc)) from exc
-
-
-@click.command()
-@click.argument("job_id", required=False, type=params.JOB_ID)
-@click.option("--listen", type=params.Integer(1, 65535), help="Serve them on this port instead.")
-@click.option(
-    "--address",
-    default="127.0.0.1",
-    show_default=True,
-    type=params.Address(),
-    help="Address to serve them on.",
-)
-@state_dir_option
-def metrics(job_id: int | None, listen: int | None, address: str, state_dir: str | None) -> None:
-    """Prometheus metrics: print once (JOB_ID: only its per-job series; a user sees their
-    own jobs'), or serve them with --listen PORT (needs prometheus-client: pip install
-    'hpcorch[prometheus]')."""
-    from hpcorch.cli.poolview import metrics_text
-    from hpcorch.controller import prom
-
-    path = controller_dir(state_dir) / STATE_DB
-    try:
-        if listen is None:
-            click.echo(metrics_text(controller_dir(state_dir), job_id), nl=False)
-            return
-        if job_id is not None:
-            raise click.UsageError("--listen serves every job's metrics: give no JOB_ID")
-        _open_store(state_dir).close()  # fail now, clearly, if there is no state
-        reg = prom.registry(lambda: Store(path, readonly=True))
-        server, thread = prom.client().start_http_server(listen, address, registry=reg)
-    except HpcorchError as exc:
-        raise click.ClickException(str(exc)) from exc
-    except OSError as exc:
-        raise click.ClickException(f"cannot serve on {address}:{listen}: {exc.strerror}") from exc
-    click.echo(f"serving metrics on http://{address}:{listen}/metrics", err=True)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with suppress(KeyboardInterrupt):
-        stop.wait()
-    server.shutdown()
-    thread.join(5)

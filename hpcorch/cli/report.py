@@ -118,7 +118,16 @@ def plot(report: Report, out: Path) -> None:
         Line2D([], [], marker="D", color="black", linestyle="", label="global batch change"),
         Patch(facecolor="none", edgecolor="grey", hatch="///", label="starting (queued, loading)"),
     ]
-    fig.legend(handles=handles, loc="lower center", fontsize=8, ncol=5, frameon=False)
+    for w in report.windows:  # other reservations that took pool nodes: shaded, named
+        for a in (ax, ax_u):
+            a.axvspan(max(w.start, 0.0), min(w.end, span), color="#e8a33d", alpha=0.18, lw=0)
+        ax.text(
+            max(w.start, 0.0), len(jobs) - 0.45, f" {w.name}: {','.join(w.nodes)}",
+            fontsize=7, color="#8a5a00", va="bottom", clip_on=True,
+        )  # fmt: skip
+    if report.windows:
+        handles.append(Patch(facecolor="#e8a33d", alpha=0.3, label="nodes in another reservation"))
+    fig.legend(handles=handles, loc="lower center", fontsize=8, ncol=6, frameon=False)
     ax.grid(axis="x", alpha=0.3)
     if report.utilisation:
         ts = [t for t, _ in report.utilisation] + [report.end]
@@ -208,6 +217,9 @@ def report(
             f"pool utilisation {100 * rep.mean_utilisation():.0f}% of {rep.total_gpus} GPUs "
             f"over {rep.end:.0f} s"
         )
+    for w in rep.windows:
+        kind = "maintenance window" if w.maintenance else "reservation"
+        click.echo(f"{kind} {w.name} on {','.join(w.nodes)}: {w.start:.0f} s to {w.end:.0f} s")
     if out is not None:
         click.echo(f"picture: {out}")
 

@@ -46,6 +46,7 @@ PHASES = (
     "lost",
     "timeout",
     "refused",
+    "left",
 )
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 

@@ -14,8 +14,11 @@ class Settings:
     grace_s: float = 120.0
     """How long a signalled job may take to checkpoint before it is requeued by force."""
     force_retry_s: float = 60.0
-    """A forced requeue that Slurm does not show yet (the job still runs) is asked again
-    only after this long: the requeue is forced once, not at every cycle."""
+    """A job Slurm still shows running this long after its forced requeue cannot be
+    requeued (its owner set Requeue=0, or it is no batch job): it is ended (scancel) and
+    failed with the reason. A preemption thus completes within ``grace_s`` (the checkpoint
+    allowance) + this margin, whatever the job does; the requeue is forced once, not at
+    every cycle."""
     resignal_s: float = 15.0
     """A signalled job still running after this long is signalled again."""
     max_retries: int = 2
@@ -43,6 +46,10 @@ class Settings:
     max_start_failures: int = 5
     """Starts in a row that may fail (the plan cannot be written, Slurm refuses) before the
     job is left failed."""
+    max_checkpoint_misses: int = 3
+    """Launches in a row that train and end without a checkpoint (its writes fail: exit
+    74; it ignores the signal and is requeued by force) before the job is failed: each
+    relaunch would train from its last checkpoint again and throw the work away."""
     launch_pending_s: float = 90.0
     """A launch the controller released that Slurm still keeps pending after this long is
     held again and planned afresh (Slurm's reason in the job's reason and the log)."""
@@ -54,8 +61,9 @@ class Action:
 
     kind: str
     """start, hold, signal, requeue_hold, cancel (a job its wrapper requeued held whose time
-    budget or relaunch cap is spent), or rebatch (a running job's plan rewritten with its
-    own launch number: a new global batch at its next step, no restart)."""
+    budget or relaunch cap is spent, or one that broke the pool's contract), rebatch (a
+    running job's plan rewritten with its own launch number: a new global batch at its next
+    step, no restart), or allow_requeue (a pool job made Requeue=0 set back to Requeue=1)."""
     slurm_id: int
     shape: Shape | None = None
     reason: str = ""

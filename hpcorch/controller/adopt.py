@@ -55,8 +55,16 @@ def _inert(sid: int, name: str, user: str, submitted: float, phase: str, now: fl
     )
 
 
+INTERACTIVE = (
+    "an interactive allocation (salloc, srun) can neither be asked to checkpoint through a "
+    "batch script nor be requeued: the pool runs batch jobs only (hpcorch submit)"
+)
+
+
 def new_record(j: ObservedJob, now: float) -> JobRecord:
     """The record of a job the controller has not seen before."""
+    if not j.batch:
+        return refused(j, now, INTERACTIVE)
     try:
         t = parse_tags(j.tags)
     except TagError as exc:
@@ -92,6 +100,7 @@ def new_record(j: ObservedJob, now: float) -> JobRecord:
         max_relaunches=DEFAULT_MAX_RELAUNCHES if t.max_relaunches is None else t.max_relaunches,
         uid=j.uid,
         gpu_types=",".join(t.gpu_types),
+        time_limit_min=j.time_limit_min if j.time_limit_min > 0 else -1,
     )
     # the length its user declared, until the job reports its own
     if t.epochs:

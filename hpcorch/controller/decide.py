@@ -48,6 +48,7 @@ def decide(
     restart_cost_s: float = 0.0,
     gpu_type: str = "",
     chose_type: bool = False,
+    must_move: str = "",
 ) -> Outcome:
     """Turn a policy target into actions for a job in a stable phase (queued or running).
     ``cpus``: CPUs per GPU of the target (0: as it is). ``plan_batch``: the global batch of
@@ -59,7 +60,11 @@ def decide(
     nodes, which the launch requests ('': any). ``chose_type``: the policy chose that type
     (a type-aware policy's plan): another type than the running launch's is then a change
     even at the same count (a move: the job restarts on the planned type). A type-blind
-    policy's placement elsewhere at the same count is no change, as on one type."""
+    policy's placement elsewhere at the same count is no change, as on one type.
+    ``must_move``: why the running job must leave one of its nodes now (a drain, a pending
+    reboot, a maintenance window; hpcorch/controller/availability.py): it is stopped at its
+    next safe point, once it reported its start, whatever its target, without waiting for
+    ``min_run_s``; it relaunches where the plan puts it."""
     out = Outcome()
     if rec.budget_spent():
         return out  # it ends at its next checkpoint (observe), never starts again
@@ -77,6 +82,18 @@ def decide(
         out.actions.append(Action("start", rec.slurm_id, shape, f"start at {target_gpus} GPUs"))
         out.events.append(f"start: {target_gpus} GPUs")
         set_phase(rec, "starting", now, f"starting at {target_gpus} GPUs")
+    elif rec.phase == "running" and must_move:
+        if trained_since(rec, now, s) is None:
+            return out  # its signal handler is not installed yet: a signal would kill it
+        rec.target_gpus = target_gpus
+        rec.target_cpus = cpus or rec.target_cpus
+        rec.target_placement = json.dumps(placement)
+        rec.target_type = gpu_type if target_gpus else ""
+        where = f"{target_gpus} GPUs elsewhere" if target_gpus else "the queue"
+        out.actions.append(Action("signal", rec.slurm_id, reason=must_move))
+        rec.signalled_at = now
+        out.events.append(f"move: {must_move}; to {where}")
+        set_phase(rec, "stopping", now, must_move)
     elif (
         rec.phase == "running"
         and live_batch

@@ -32,6 +32,7 @@ class Executor:
             job=rec.job_key,
             launch=launch,
             placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
+            trained_step=rec.trained_step,
         )
 
     def execute(self, rec: JobRecord, a: Action) -> str:
@@ -60,6 +61,8 @@ class Executor:
                 self.cluster.requeue_hold(rec.slurm_id)
             elif a.kind == "cancel":
                 self.cluster.cancel(rec.slurm_id)
+            elif a.kind == "allow_requeue":
+                self.cluster.allow_requeue(rec.slurm_id)
             return "done"
         except Exception as exc:
             msg = describe(exc)

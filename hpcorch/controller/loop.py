@@ -19,25 +19,37 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
 
-from hpcorch.cluster import Cluster, Observation
-from hpcorch.controller import adopt, reconcile
+from hpcorch.cluster import Cluster, Observation, ObservedJob
+from hpcorch.controller import adopt, availability, reconcile
+from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.execute import Executor
 from hpcorch.controller.guard import PoolGuard
-from hpcorch.controller.logs import describe, disk_full, log_info, log_warning
+from hpcorch.controller.lease import Lease
+from hpcorch.controller.limit_keeper import LimitKeeper
+from hpcorch.controller.logs import describe, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
 from hpcorch.controller.reports import digest
-from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
+from hpcorch.controller.rounds import Rounds
 from hpcorch.controller.store import CycleStats, JobRecord, Sample, Store
-from hpcorch.controller.validate import TagError, pin_of, printable, request_of
-from hpcorch.policy.split import split_schedule
-from hpcorch.policy.types import CompletedJob, PlanError, Policy, validate_plan
+from hpcorch.controller.validate import printable
+from hpcorch.policy.types import CompletedJob, Policy
 
 __all__ = ["ACTION_ORDER", "Controller", "LoopConfig"]
 
-ACTION_ORDER = {"signal": 0, "hold": 1, "requeue_hold": 2, "cancel": 2, "start": 3, "rebatch": 4}
+ACTION_ORDER = {
+    "allow_requeue": 0,
+    "signal": 0,
+    "hold": 1,
+    "requeue_hold": 2,
+    "cancel": 2,
+    "start": 3,
+    "rebatch": 4,
+}
 
 
 LOG_LINES_PER_JOB = 5
@@ -52,24 +64,27 @@ class Controller:
         policy: Policy,
         config: LoopConfig | None = None,
         log: Callable[[str], None] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         self.cluster = cluster
+        self.lease = lease
+        """The pool's lease this controller holds (None: acts without one, as simulated):
+        checked before every cycle's actions (hpcorch/controller/lease.py)."""
         self.store = store
-        self.policy = policy
-        self.config = config or LoopConfig()
+        self._config = config or LoopConfig()
         self.log = log or log_info
         """Where the controller's lines go (tests pass their own; default: logging)."""
         self.warn = log or log_warning
         """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
         self.last_time: float | None = None
-        self.last_decision_s = 0.0
-        self.history: list[CompletedJob] = []
-        self._history_ids: set[int] = set()
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
         self._pool_meta = ""
-        self._profiles = Profiles()
+        self._windows: dict[str, dict[str, Any]] = {
+            f"{w['name']}@{w['start']:.0f}": w for w in _json_list(store.get_meta("windows"))
+        }
+        """Every window seen on the pool's nodes (kept for ``hpcorch report``)."""
         self._flight: bool | None = None
         """Whether the last cycle left a transition in flight (None: no cycle yet)."""
         self.guard = PoolGuard(self.warn)
@@ -80,6 +95,44 @@ class Controller:
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
         """Every job's record as the store holds it (the controller is its only writer)."""
+        self.limits = LimitKeeper(store, self.log)
+        """Slurm's limits and the caps refused launches taught (limit_keeper.py)."""
+        self.rounds = Rounds(
+            policy,
+            self.config,
+            self.records,
+            self.executor.plan_batch,
+            self._note,
+            self._events,
+            self.warn,
+            self.limits,
+        )
+        """Scheduling rounds: the policy, and what it learned (rounds.py)."""
+
+    @property
+    def config(self) -> LoopConfig:
+        return self._config
+
+    @config.setter
+    def config(self, config: LoopConfig) -> None:
+        """A new configuration, for every part of the loop."""
+        self._config = self.rounds.config = self.executor.config = config
+
+    @property
+    def policy(self) -> Policy:
+        return self.rounds.policy
+
+    @policy.setter
+    def policy(self, policy: Policy) -> None:
+        self.rounds.policy = policy
+
+    @property
+    def history(self) -> list[CompletedJob]:
+        return self.rounds.history
+
+    @property
+    def last_decision_s(self) -> float:
+        return self.rounds.last_decision_s
 
     # --- one cycle ----------------------------------------------------------------------
     def cycle(self, full: bool = True) -> CycleStats:
@@ -95,17 +148,27 @@ class Controller:
         t0 = time.perf_counter()
         calls0 = self.cluster.calls
         obs = self.cluster.observe()
+        if self.lease is not None:
+            self.lease.check(obs.leases)  # LeaseLost: another controller acts on the pool
         now = obs.time
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}
         types = {n.name: n.gpu_type for n in obs.nodes}
         changed = self._adopt_new(obs, now)
         records = self.records.active()
+        self.limits.observe(obs, records, pool_nodes)
+        elsewhere = self._locate([r.slurm_id for r in records if r.slurm_id not in observed])
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
             try:
                 out = reconcile.observe(
-                    rec, observed.get(rec.slurm_id), now, pool_nodes, self.config.settings, types
+                    rec,
+                    observed.get(rec.slurm_id),
+                    now,
+                    pool_nodes,
+                    self.config.settings,
+                    types,
+                    elsewhere.get(rec.slurm_id),
                 )
             except Exception as exc:
                 self._job_error(rec, "following its state", exc)
@@ -119,10 +182,14 @@ class Controller:
         self._account(records, now)
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
+        fate = availability.fates(obs.nodes, obs.windows, now, self.config.settings)
         if changed or now - self.last_round >= self.config.round_s:
-            decision_s, acts = self._schedule(obs, records, now)
+            decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
             self.last_round = now
+        pending = [
+            (r, self.limits.timed(self._limited(r, a, fate, now, observed))) for r, a in pending
+        ]
         try:
             claims = reconcile.start_claims(records, pool_nodes)
         except Exception as exc:
@@ -144,6 +211,7 @@ class Controller:
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
             self.records.write(unstorable)
+            self.limits.save()
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
@@ -173,6 +241,7 @@ class Controller:
                     "gpus_used": n.gpus_used,
                     "usable": n.usable,
                     "gpus_foreign": n.gpus_foreign,
+                    "leaving": n.leaving,
                 }
                 for n in obs.nodes
             ]
@@ -193,6 +262,8 @@ class Controller:
                 self.store.set_meta("reservation_end", end)
                 self.store.set_meta("foreign", foreign)
                 self._pool_meta = meta
+            if availability.remember(self._windows, obs.windows):
+                self.store.set_meta("windows", json.dumps(list(self._windows.values())))
         window = self.config.fast_for_s
         self._flight = any(
             r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
@@ -223,6 +294,19 @@ class Controller:
             else:
                 self.log(f"{who} {what} {rec.phase}")
         return bool(seen)
+
+    def _locate(self, missing: Sequence[int]) -> dict[int, str]:
+        """Where Slurm lists the followed jobs the pool's observation lacks (moved out of
+        the reservation); {} when none is missing or Slurm cannot say (they count as lost,
+        and are re-adopted if they come back)."""
+        if not missing:
+            return {}
+        try:
+            return self.cluster.locate(missing)
+        except Exception as exc:
+            ids = ", ".join(map(str, missing[:5]))
+            self.warn(f"cannot tell where jobs {ids} went: {describe(exc)}")
+            return {}
 
     # --- bookkeeping --------------------------------------------------------------------
     def _job_error(self, rec: JobRecord, stage: str, exc: BaseException) -> None:
@@ -281,119 +365,22 @@ class Controller:
         self.records.stage(new)  # stored with the cycle's records
 
     # --- scheduling ---------------------------------------------------------------------
-    def _schedule(
-        self,
-        obs: Observation,
-        records: Sequence[JobRecord],
-        now: float,
-    ) -> tuple[float, list[tuple[JobRecord, Action]]]:
-        for rec in self.records.ended():
-            if rec.phase == "done" and rec.slurm_id not in self._history_ids:
-                self.history.append(completed(rec, self.records.samples(rec.slurm_id)))
-                self._history_ids.add(rec.slurm_id)
-            self.records.forget_samples(rec.slurm_id)
-            self._profiles.forget(rec.slurm_id)
-        # a queued job backing off after a failed start is not planned: its GPUs go to others
-        active = [r for r in records if r.active and not (r.phase == "queued" and r.retry_at)]
-        pins, requests = self._requests(obs, active)
-        tags = {j.slurm_id: j.tags for j in obs.jobs}
-        samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
-        t0 = time.perf_counter()
-        try:
-            snapshot = build_snapshot(
-                now,
-                obs.nodes,
-                active,
-                samples,
-                self.history,
-                pins,
-                self.config.round_s,
-                self.config.restart_cost_s,
-                requests,
-                obs.fair_shares,
-                self.config.settings,
-                self._profiles,
-                self.config.mix_types,
-            )
-            t0 = time.perf_counter()
-            plan = split_schedule(self.policy, snapshot)
-            validate_plan(snapshot, plan)
-        except Exception as exc:
-            # An empty plan would preempt every job: keep every allocation as it is.
-            what = "gave an invalid plan" if isinstance(exc, PlanError) else "failed"
-            msg = f"policy {self.policy.name} {what}, plan ignored: {describe(exc)}"
-            if self._errors.get((0, "policy")) != msg:
-                self._errors[(0, "policy")] = msg
-                self.warn(msg)
-            self.last_decision_s = time.perf_counter() - t0
-            return self.last_decision_s, []
-        self._errors.pop((0, "policy"), None)
-        decision_s = time.perf_counter() - t0
-        self.last_decision_s = decision_s
-        targets = plan.by_id()
-        pool_nodes = tuple(n.name for n in obs.nodes)
-        acts: list[tuple[JobRecord, Action]] = []
-        unusable = {n.name for n in obs.nodes if not n.usable}
-        for rec in active:
-            if rec.phase not in ("queued", "running"):
-                continue
-            if unusable & set(rec.node_list.split(",")):
-                continue  # on a failed node: Slurm requeues it; nothing to ask of it
-            if rec.phase == "running" and not rec.movable:
-                rec.reason = rec.fixed_reason()
-                continue
-            jp = targets.get(str(rec.slurm_id))
-            gpus = jp.gpus if jp else 0
-            if jp is not None:
-                rec.target_batch = jp.global_batch
-            live = rec.mode != "sidecar" or tags.get(rec.slurm_id, {}).get("livebatch") == "1"
-            try:
-                out = reconcile.decide(
-                    rec,
-                    gpus,
-                    dict(jp.placement) if jp else {},
-                    now,
-                    pool_nodes,
-                    self.config.settings,
-                    jp.cpus_per_gpu if jp else 0,
-                    self.executor.plan_batch.get(rec.slurm_id, 0),
-                    live and bool(rec.job_dir),
-                    restart_cost_s=self.config.restart_cost_s,
-                    gpu_type=planned_type(snapshot, jp),
-                    chose_type=bool(jp and jp.gpu_type),
-                )
-            except Exception as exc:
-                self._job_error(rec, "carrying out its plan", exc)
-                continue
-            acts += [(rec, a) for a in out.actions]
-            self._events(rec, out.events)
-        return decision_s, acts
-
-    def _requests(
-        self, obs: Observation, active: Sequence[JobRecord]
-    ) -> tuple[dict[int, int], dict[int, tuple[int, int]]]:
-        """Pins (``hpcorch resize``) and requests from the jobs' comments, checked: a bad
-        one is ignored, and the job's reason says why."""
-        by_id = {r.slurm_id: r for r in active}
-        pins: dict[int, int] = {}
-        requests: dict[int, tuple[int, int]] = {}
-        for j in obs.jobs:
-            rec = by_id.get(j.slurm_id)
-            if rec is None:
-                continue
-            try:
-                pin = pin_of(j.tags, rec.min_gpus, rec.max_gpus)
-                request = request_of(j.tags)
-            except TagError as exc:
-                self._note(rec, "pin", f"pin or request ignored: {exc}")
-                continue
-            if pin is not None:
-                pins[j.slurm_id] = pin
-            if request is not None:
-                requests[j.slurm_id] = request
-        return pins, requests
-
     # --- carrying out ---------------------------------------------------------------------
+    def _limited(
+        self,
+        rec: JobRecord,
+        a: Action,
+        fate: Mapping[str, Fate],
+        now: float,
+        observed: Mapping[int, ObservedJob],
+    ) -> Action:
+        """A start with the time limit its launch gets (a window ahead on its nodes)."""
+        if a.kind != "start" or a.shape is None:
+            return a
+        job = observed.get(rec.slurm_id)
+        current = job.time_limit_min if job is not None else 0
+        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now, current))
+
     def _must_wait(
         self,
         rec: JobRecord,
@@ -408,6 +395,7 @@ class Controller:
             return False
         try:
             why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+            why = why or self.limits.wait(rec, a.shape, self.records.active())
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True
@@ -448,48 +436,17 @@ class Controller:
             fast = max(fast, calls / self.config.max_calls_per_s)
         return fast
 
-    def run(self, should_stop: Callable[[], bool], sleep: Callable[[float], object]) -> None:
-        """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in
-        between while a transition is in flight. A failed cycle is retried after a back-off;
-        a full state directory is said once, and retried every ``interval_s`` (nothing is
-        done meanwhile: running jobs keep running, none starts, stops or resizes)."""
-        backoff = self.config.interval_s
-        last_full = -1e18
-        full_since = 0.0
-        clock = self.cluster.now
-        while not should_stop():
-            t0 = clock()
-            full = t0 - last_full >= self.config.interval_s
-            try:
-                stats = self.cycle(full=full)
-                backoff = self.config.interval_s
-            except Exception as exc:
-                if disk_full(exc):
-                    if not full_since:
-                        full_since = t0
-                        self.warn(
-                            f"the controller's state cannot be written ({describe(exc)}): no "
-                            "decision until there is space again; running jobs keep running, "
-                            "none starts, stops or resizes meanwhile"
-                        )
-                    sleep(self.config.interval_s)
-                    continue
-                self.warn(f"cycle failed, retrying in {backoff:.0f} s: {describe(exc)}")
-                sleep(backoff)
-                backoff = min(backoff * 2, 300.0)
-                continue
-            if full_since:
-                self.log(f"the controller's state is writable again after {t0 - full_since:.0f} s")
-                full_since = 0.0
-            if full:
-                last_full = t0
-            wait = self.next_interval(stats.slurm_calls)
-            if not self.in_flight():  # the next full cycle is due interval_s after this one
-                wait = max(0.0, last_full + self.config.interval_s - t0)
-            sleep(max(0.0, wait - (clock() - t0)))
-
 
 def _in_transition(rec: JobRecord) -> bool:
     """A job whose reports move its state machine: starting, stopping, or running but not
     yet reported its start (it cannot be signalled before)."""
     return rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready)
+
+
+def _json_list(text: str | None) -> list[dict[str, Any]]:
+    """A JSON list of objects kept in the store's meta ([] if absent or not one)."""
+    try:
+        raw = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return []
+    return [r for r in raw if isinstance(r, dict)] if isinstance(raw, list) else []

@@ -12,6 +12,10 @@ Phases (the diagram is in docs/controller.md):
     any ──scancel──> cancelled;  any ──gone from Slurm──> lost
     running ──time budget spent: signal──> stopping ──(exit)──> timeout
     running ──checkpointed on its own past --max-relaunches──> timeout
+    running/stopping ──K launches in a row kept no checkpoint──> failed
+    stopping ──no checkpoint within the grace, still running after the forced requeue
+               + force_retry_s──> scancel ──> failed (it broke the pool's contract)
+    any ──moved out of the reservation──> left
 
 A checkpoint on request shows as the job requeued held by its wrapper in Slurm's
 SPECIAL_EXIT state, its restart count up by one (accounting then shows a requeue, not a
@@ -21,21 +25,35 @@ Every action is safe to repeat, and every phase can be re-entered from what Slur
 reports, so a controller killed between two actions continues where it stopped.
 
 Alongside: hpcorch/controller/actions.py (settings, actions), shapes.py (where and when a
-start goes) and decide.py (a policy's target to actions); their names are re-exported here.
+start goes), decide.py (a policy's target to actions) and ends.py (how a launch ends and
+what follows); the names others use are re-exported here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hpcorch.cluster import ObservedJob, Shape
+from hpcorch.cluster import ObservedJob
 from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
+from hpcorch.controller.ends import (
+    UNPLANNED,
+    checkpointed,
+    ended,
+    left,
+    missed_checkpoint,
+    moved_off,
+    no_checkpoints,
+    queue_again,
+    timeout,
+)
 from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
 from hpcorch.controller.store import JobRecord
+from hpcorch.controller.waiting import silent
 from hpcorch.gputypes import type_of_nodes
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
+from hpcorch.limits import refusal
+from hpcorch.protocol import EXIT_RELAUNCH
 from hpcorch.timefmt import fmt_duration
 
 __all__ = [
@@ -56,8 +74,8 @@ __all__ = [
 REQUEUED = "requeued by Slurm"
 REQUEUE_WAIT_S = 30.0
 """A job Slurm requeued after a node failure is left this long for Slurm to start on its
-old nodes (a node whose slurmd restarts is back within seconds); then it is restarted
-anywhere in the pool, without the node list that names the failed node."""
+old nodes (a node whose slurmd restarts is back within seconds); then it is held and
+planned again, on the nodes in service."""
 
 
 def observe(
@@ -67,13 +85,19 @@ def observe(
     pool_nodes: tuple[str, ...],
     s: Settings,
     node_types: Mapping[str, str] | None = None,
+    elsewhere: str | None = None,
 ) -> Outcome:
     """Move ``rec`` along with what the cluster reports about it. ``node_types``: the GPU
-    type of each pool node by name (its launch's type is read off its nodes)."""
+    type of each pool node by name (its launch's type is read off its nodes).
+    ``elsewhere``: for a job not in the pool's observation, the reservation Slurm lists it
+    in now ('' none; None: Slurm no longer lists it)."""
     out = Outcome()
     if not rec.active:
         return out
     if job is None:
+        if elsewhere is not None:
+            left(rec, now, elsewhere, out)
+            return out
         _set_phase(rec, "lost", now, "vanished from Slurm while the controller was not looking")
         rec.finished_at = now
         out.events.append("lost: job no longer known to Slurm")
@@ -82,6 +106,20 @@ def observe(
         span = max(0.0, now - max(rec.phase_since, rec.started_at))
         rec.run_seconds = max(rec.run_seconds, span)
     restarts_before = rec.slurm_restarts
+    if job.ended and rec.breach:
+        _set_phase(rec, "failed", now, rec.breach)
+        rec.finished_at = now
+        rec.exit_code = job.exit_code
+        out.events.append(f"failed: {rec.breach}")
+        return out
+    if not job.requeue and not job.ended and now - rec.requeue_fixed_at >= s.force_retry_s:
+        why = (
+            "Requeue=0 set on it by its owner or an admin: set back to Requeue=1 (the pool "
+            "relaunches its jobs by requeueing them)"
+        )
+        rec.requeue_fixed_at = now
+        out.actions.append(Action("allow_requeue", rec.slurm_id, reason=why))
+        out.events.append(f"contract: {why}")
     if job.state == "CANCELLED":
         _set_phase(rec, "cancelled", now, "cancelled")
         rec.finished_at = now
@@ -93,10 +131,10 @@ def observe(
         rec.exit_code = 0
         out.events.append("done: training finished")
     elif job.ended:
-        _ended(rec, job, now, pool_nodes, s, out)
+        ended(rec, job, now, pool_nodes, s, out)
     elif job.special_exit and job.restarts > restarts_before and job.state == "PENDING":
         rec.exit_code = EXIT_RELAUNCH
-        _checkpointed(rec, now, pool_nodes, out, requeued=True)
+        checkpointed(rec, now, pool_nodes, out, requeued=True)
     elif job.state == "PENDING":
         _pending(rec, job, now, pool_nodes, out, s)
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
@@ -106,210 +144,6 @@ def observe(
             rec.gpu_type = type_of_nodes(job.node_names, node_types or {})
     rec.slurm_restarts = max(restarts_before, job.restarts)
     return out
-
-
-def _relaunch(
-    rec: JobRecord,
-    now: float,
-    pool_nodes: tuple[str, ...],
-    out: Outcome,
-    why: str,
-    requeued: bool = False,
-) -> None:
-    """Back in the queue held (``requeued``: the job requeued itself held), and started at
-    its target size, or left queued when its target is 0."""
-    rec.slurm_launch = 0
-    if not requeued:
-        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-    if rec.target_gpus > 0:
-        out.actions.append(Action("start", rec.slurm_id, target_shape(rec, pool_nodes), why))
-        _set_phase(rec, "starting", now, why)
-    else:
-        _set_phase(rec, "queued", now, why)
-    rec.phase_since = now  # when the end was seen: the relaunch waits from here
-
-
-def _ended(
-    rec: JobRecord,
-    job: ObservedJob,
-    now: float,
-    pool_nodes: tuple[str, ...],
-    s: Settings,
-    out: Outcome,
-) -> None:
-    rec.exit_code = job.exit_code
-    if rec.budget_spent():
-        _budget_timeout(rec, now, out, requeued=False)
-        return
-    if job.exit_code == EXIT_RELAUNCH:
-        _checkpointed(rec, now, pool_nodes, out, requeued=False)
-        return
-    if job.exit_code == EXIT_STORAGE:
-        _storage_failed(rec, now, s, out)
-        return
-    if job.exit_code == EXIT_UNPLANNED:
-        _unplanned(rec, now, s, out)
-        return
-    if rec.slurm_launch and not rec.ready:
-        _node_refused(rec, job, now, s, out)
-        return
-    rec.failures += 1
-    what = f"{job.state.lower()} with exit code {job.exit_code}"
-    if job.exit_code == EXIT_CONFIG:
-        _set_phase(rec, "failed", now, f"{what}: a bad plan or checkpoint, not retried")
-        rec.finished_at = now
-        out.events.append(f"failed: {rec.reason}")
-        return
-    if rec.failures <= s.max_retries:
-        # back in the queue, its GPUs free for others, started again after a back-off: a
-        # launch that fails at once (a full disk, a bad node) does not loop
-        delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (rec.failures - 1))
-        why = f"{what}: retry {rec.failures}/{s.max_retries} from the last checkpoint"
-        out.events.append(f"retry: {why} in {delay:.0f} s")
-        _queue_again(rec, now, out, "requeue_hold", why, delay, f"{why} in {delay:.0f} s")
-    else:
-        _set_phase(rec, "failed", now, f"{what}; gave up after {s.max_retries} retries")
-        rec.finished_at = now
-        out.events.append(f"failed: {rec.reason}")
-
-
-def _checkpointed(
-    rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, requeued: bool
-) -> None:
-    """The job checkpointed and asks to be relaunched: at its new size after the
-    controller's signal (a resize, or a preemption to 0 GPUs), at its size when it did so
-    on its own (its time limit), unless its time budget or relaunch cap is spent.
-    ``requeued``: the job is already back in the queue, held (its wrapper requeued it)."""
-    if requeued and rec.budget_spent():
-        _budget_timeout(rec, now, out, requeued=True)
-        return
-    if rec.phase != "stopping":
-        rec.time_relaunches += 1
-        if 0 <= rec.max_relaunches < rec.time_relaunches:
-            _timeout(
-                rec,
-                now,
-                out,
-                f"checkpointed on its own (time limit?) {rec.time_relaunches} times: "
-                f"--max-relaunches {rec.max_relaunches} reached",
-                requeued,
-            )
-            return
-    if rec.phase == "stopping":
-        if rec.target_gpus == 0:
-            why = "preempted: checkpointed and queued"
-        else:
-            why = f"resized {rec.gpus} -> {rec.target_gpus} GPUs"
-            rec.resizes += 1
-    else:
-        rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
-        why = "checkpointed on its own (time limit?): relaunched"
-    out.events.append(f"checkpointed: {why}")
-    _relaunch(rec, now, pool_nodes, out, why, requeued)
-
-
-def _budget_timeout(rec: JobRecord, now: float, out: Outcome, requeued: bool) -> None:
-    why = (
-        f"time budget spent: ran {fmt_duration(rec.run_total_s)} of "
-        f"{fmt_duration(rec.time_budget_s)} over {rec.launches} launch(es)"
-    )
-    _timeout(rec, now, out, why, requeued)
-
-
-UNPLANNED = "started without the controller's plan (released by its user or an admin): held again"
-
-
-def _unplanned(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
-    """The wrapper found no plan of the controller's and ran nothing (EXIT_UNPLANNED).
-    Released by its owner or an admin while queued: held again, not a try. Released while
-    the controller was starting it (the plan not written yet, or unreadable on the node):
-    planned again after a back-off, counted as a failed start (:func:`_back_off`)."""
-    if rec.phase != "queued":
-        what = (
-            "its launch found no plan from the controller (exit 77: is the job's HPCORCH_SPOOL "
-            "the controller's --spool, readable on the nodes?)"
-        )
-        _back_off(rec, now, s, out, what)
-        return
-    out.actions.append(Action("requeue_hold", rec.slurm_id, reason=UNPLANNED))
-    rec.target_gpus = 0
-    rec.target_placement = "{}"
-    out.events.append(f"unplanned: {UNPLANNED} (not a try)")
-    rec.reason = UNPLANNED
-
-
-def _queue_again(
-    rec: JobRecord,
-    now: float,
-    out: Outcome,
-    kind: str,
-    why: str,
-    delay: float,
-    reason: str | None = None,
-) -> None:
-    """Back to the queue, its GPUs free for others, planned afresh after ``delay``: the job
-    requeued held (``kind`` "requeue_hold": its run ended) or held (``kind`` "hold": a
-    launch still pending). ``reason``: the job's reason, when not ``why``."""
-    out.actions.append(Action(kind, rec.slurm_id, reason=why))
-    rec.target_gpus = 0
-    rec.target_placement = "{}"
-    rec.retry_at = now + delay
-    _set_phase(rec, "queued", now, reason or why)
-    rec.phase_since = now
-
-
-def _back_off(rec: JobRecord, now: float, s: Settings, out: Outcome, what: str) -> None:
-    """A launch that failed for a lasting condition (``what``), not by training: requeued
-    held, its GPUs released, retried after 2, 4, 8.. s like a failed start; the job failed
-    at the ``max_start_failures``-th in a row (a run that reports its start resets the
-    count)."""
-    rec.start_failures += 1
-    n = rec.start_failures
-    if n >= s.max_start_failures:
-        _set_phase(rec, "failed", now, f"{what}; gave up after {n} tries")
-        rec.finished_at = now
-        rec.retry_at = 0.0
-        out.events.append(f"failed: {rec.reason}")
-        return
-    delay = min(s.start_backoff_max_s, s.start_backoff_s * 2 ** (n - 1))
-    why = f"{what}: GPUs released, retry {n}/{s.max_start_failures - 1} in {delay:.0f} s"
-    out.events.append(f"retry: {why}")
-    _queue_again(rec, now, out, "requeue_hold", why, delay)
-
-
-def _node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
-    """A launch Slurm made on its own after a node failure ended before it trained: the
-    returning node refused it ("Job credential revoked"), not the job's doing. Never a try of
-    the job: back in the queue after a short back-off, planned afresh."""
-    rec.slurm_launch = 0
-    delay = s.start_backoff_s
-    why = (
-        f"Slurm's restart after a node failure ended at once ({job.state.lower()}, exit code "
-        f"{job.exit_code}) before training: not counted as a try, planned again in "
-        f"{delay:.0f} s"
-    )
-    out.events.append(f"requeued: {why}")
-    _queue_again(rec, now, out, "requeue_hold", why, delay)
-
-
-def _timeout(rec: JobRecord, now: float, out: Outcome, why: str, requeued: bool = False) -> None:
-    """The job ends for good, its last checkpoint kept: a resubmission continues from it.
-    ``requeued``: its wrapper had requeued it held; the controller cancels it."""
-    _set_phase(rec, "timeout", now, f"{why}; not relaunched (resubmit to continue)")
-    rec.finished_at = now
-    out.events.append(f"timeout: {rec.reason}")
-    if requeued:
-        out.actions.append(Action("cancel", rec.slurm_id, reason=rec.reason))
-
-
-def _storage_failed(rec: JobRecord, now: float, s: Settings, out: Outcome) -> None:
-    """The runtime could not write the job directory (EXIT_STORAGE): a lasting condition,
-    backed off like a failed start."""
-    what = (
-        f"its job directory cannot be written (exit {EXIT_STORAGE}: no space, read-only or "
-        "permission denied)"
-    )
-    _back_off(rec, now, s, out, what)
 
 
 def _pending(
@@ -326,7 +160,7 @@ def _pending(
                 Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume start")
             )
         elif rec.phase == "stopping":  # requeued, but the relaunch was cut short
-            _relaunch_from_held(rec, now, pool_nodes, out)
+            _relaunch_from_held(rec, now, pool_nodes, out, s)
         elif rec.phase == "running":
             _set_phase(rec, "queued", now, "held by its user or an admin")
         return
@@ -334,20 +168,22 @@ def _pending(
         rec.phase == "starting"
         and rec.reason.startswith(REQUEUED)
         and now - rec.phase_since >= REQUEUE_WAIT_S
-    ):  # requeued by Slurm and still pending on its old nodes: restart it anywhere
-        shape = target_shape(rec, pool_nodes)
-        rec.reason = "restarting anywhere after a node failure"
-        out.actions.append(
-            Action("start", rec.slurm_id, Shape(shape.nodes, shape.gpus_per_node), rec.reason)
-        )
+    ):  # requeued by Slurm and still pending on its old nodes: planned again on the nodes
+        # in service (its old shape may no longer fit: 4 + 4 GPUs with one node down)
+        why = "requeued by Slurm after a node failure: planned again on the nodes in service"
+        out.events.append(f"replan: {why}")
+        queue_again(rec, now, out, "hold", why, 0.0)
         return
-    # requeued by Slurm (a node failure), also while it was being stopped for a resize
-    if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
+    # requeued by Slurm (a node failure), also while it was being stopped for a resize, or
+    # run and requeued before the controller saw its launch run
+    if rec.phase == "running" or (
+        rec.phase in ("starting", "stopping") and job.restarts > rec.slurm_restarts
+    ):
         _set_phase(rec, "starting", now, f"{REQUEUED} (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
         # Its node list may name the failed node. Slurm starts it there once the node is
         # back (a restarted slurmd); if it still waits after REQUEUE_WAIT_S, the controller
-        # restarts it anywhere in the pool (_pending).
+        # holds it and plans it again on the nodes in service (_pending).
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
         rec.slurm_launch = 1
@@ -366,22 +202,35 @@ def _launch_pending(
     rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome
 ) -> None:
     """A launch the controller released that Slurm keeps pending: Slurm's reason shown, and
-    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others)."""
+    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others).
+    Pending for a limit (:func:`hpcorch.limits.refusal`), it is held at once: the loop has
+    learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to."""
     waited = now - rec.phase_since
     slurm_reason = job.reason or "no reason given"
+    if refusal(job.reason) is not None:
+        why = (
+            f"Slurm keeps the launch pending for a limit ({slurm_reason}): held, planned within it"
+        )
+        out.events.append(f"limit: {why}")
+        queue_again(rec, now, out, "hold", why, s.start_backoff_s)
+        return
     if waited < s.launch_pending_s:
         rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
         return
     why = f"Slurm kept the launch pending {waited:.0f} s ({slurm_reason}): held and planned again"
     out.events.append(f"replan: {why}")
-    _queue_again(rec, now, out, "hold", why, s.start_backoff_s)
+    queue_again(rec, now, out, "hold", why, s.start_backoff_s)
 
 
 def _relaunch_from_held(
-    rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome
+    rec: JobRecord, now: float, pool_nodes: tuple[str, ...], out: Outcome, s: Settings
 ) -> None:
-    if rec.budget_spent():
-        _timeout(rec, now, out, "time budget spent (the checkpoint was forced)", requeued=True)
+    forced = rec.forced_at >= rec.phase_since > 0
+    moved_off(rec)
+    if forced and missed_checkpoint(rec, s):
+        no_checkpoints(rec, now, s, out, "it did not checkpoint when asked", cancel=True)
+    elif rec.budget_spent():
+        timeout(rec, now, out, "time budget spent (the checkpoint was forced)", requeued=True)
     elif rec.target_gpus > 0:
         out.actions.append(
             Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume relaunch")
@@ -414,7 +263,11 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.started_at = rec.started_at or now
         rec.run_seconds = 0.0
         rec.ready, rec.ready_at = 0, 0.0
-        _set_phase(rec, "running", now, f"launch {rec.launches}")
+        rec.launch_checkpoints = rec.checkpoints
+        why = f"launch {rec.launches}"
+        if rec.moved:  # why it moved stays in view
+            why += f": {rec.moved}"
+        _set_phase(rec, "running", now, why)
     if job.node_names:
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
@@ -432,19 +285,45 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         rec.signalled_at = now
         _set_phase(rec, "stopping", now, why)
         return
+    if silent(rec, now, s):
+        rec.reason = (
+            f"launch {rec.launches}: not reported its start after {now - rec.phase_since:.0f} s "
+            f"(it keeps its GPUs for the {s.startup_s:.0f} s start-up allowance at most)"
+        )
     if rec.phase == "stopping":
-        waited = now - rec.phase_since
-        grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
-        if waited > grace:
-            if rec.forced_at < rec.phase_since or now - rec.forced_at >= s.force_retry_s:
-                again = rec.forced_at >= rec.phase_since
-                why = f"no checkpoint within {grace:.0f} s: requeued by force"
-                if again:
-                    why += f" (again: Slurm still showed it {job.state.lower()})"
-                out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
-                out.events.append(f"forced: {why}")
-                rec.forced_at = now
-                rec.reason = why
-        elif now - rec.signalled_at > s.resignal_s:
-            out.actions.append(Action("signal", rec.slurm_id, reason="signal again"))
-            rec.signalled_at = now
+        _stopping(rec, job, now, s, out)
+
+
+def _stopping(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
+    """A signalled job still running: signalled again every ``resignal_s``; past its grace
+    requeued by force, once; and ended (scancel, failed with the reason) if Slurm still
+    runs it ``force_retry_s`` after that: a preemption completes within grace + margin,
+    whatever the job does."""
+    waited = now - rec.phase_since
+    grace = max(s.grace_s, rec.stop_grace_s + 30.0)  # the sidecar kills after its own
+    forced = rec.forced_at >= rec.phase_since
+    if forced and now - rec.forced_at >= s.force_retry_s and job.state == "RUNNING":
+        if rec.breach:
+            return  # its end is asked for: Slurm shows it soon
+        bound = grace + s.force_retry_s
+        cause = "Slurm refused to requeue it"
+        if not job.requeue:
+            cause += " (Requeue=0)"
+        elif not job.batch:
+            cause += " (not a batch job)"
+        rec.breach = (
+            f"broke the pool's contract: no checkpoint within {grace:.0f} s of the signal and "
+            f"{cause}: ended after {bound:.0f} s so that its GPUs go to the jobs planned on them"
+        )
+        out.actions.append(Action("cancel", rec.slurm_id, reason=rec.breach))
+        out.events.append(f"contract: {rec.breach}")
+        rec.reason = rec.breach
+    elif waited > grace and not forced:
+        why = f"no checkpoint within {grace:.0f} s: requeued by force"
+        out.actions.append(Action("requeue_hold", rec.slurm_id, reason=why))
+        out.events.append(f"forced: {why}")
+        rec.forced_at = now
+        rec.reason = why
+    elif not forced and now - rec.signalled_at > s.resignal_s:
+        out.actions.append(Action("signal", rec.slurm_id, reason="signal again"))
+        rec.signalled_at = now

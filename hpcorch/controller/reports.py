@@ -34,7 +34,8 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         return None
     if event == "start":
         rec.ready = 1
-        rec.start_failures = 0  # it started for real: failed starts count from 0 again
+        # failed starts count from 0 again only once a launch keeps something: a checkpoint
+        _restarted_from(rec, as_int(line.get("step"), 0, MAX_COUNT) or 0, log)
         # when it started training (the job's own clock; reconcile.trained_since bounds it)
         rec.ready_at = as_float(line.get("time"), 0.0, 1e11) or rec.phase_since
         epochs = as_int(line.get("epochs"), 1, MAX_DECLARED_EPOCHS)
@@ -65,6 +66,7 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
     rec.accum_steps = s.accum_steps
     rec.samples_per_s = s.samples_per_s
     rec.progress = max(rec.progress, s.step * batch / max(1, rec.batch))
+    rec.trained_step = max(rec.trained_step, min(s.step, MAX_COUNT))
     return Sample(
         slurm_id=rec.slurm_id,
         time=s.time,
@@ -83,6 +85,21 @@ def digest(rec: JobRecord, line: Mapping[str, Any], log: Callable[[str], None]) 
         epoch=rec.epoch,
         gpu_type=rec.gpu_type,
     )
+
+
+def _restarted_from(rec: JobRecord, step: int, log: Callable[[str], None]) -> None:
+    """A launch that starts from step 0 after earlier launches trained lost their work (no
+    checkpoint was written, or none was found): said in the log and the job's reason, and
+    counted in its lost steps."""
+    if step == 0 and rec.trained_step > 0:
+        lost = rec.trained_step
+        rec.lost_steps = min(rec.lost_steps + lost, MAX_COUNT)
+        rec.reason = (
+            f"launch {rec.launches} started from step 0: the {lost} steps earlier launches "
+            "trained are lost (no checkpoint was written or found)"
+        )
+        log(f"job {rec.slurm_id} {rec.reason}")
+    rec.trained_step = step
 
 
 MAX_SAID = 4096
@@ -127,7 +144,6 @@ def _sidecar_event(
         if rec.mode_detected:
             return  # it uses the runtime: ready once the runtime reports its start
         rec.ready = 1  # the sidecar holds the signal: it can be stopped from now on
-        rec.start_failures = 0
         rec.mode = "sidecar"
         rec.resumable = _flag(line, "resumable", rec.resumable)
         rec.predictable = _flag(line, "predictable", rec.predictable)
@@ -139,6 +155,8 @@ def _sidecar_event(
         rec.resumable = rec.predictable = 1
     elif event == "checkpoint":
         rec.checkpoints = min(rec.checkpoints + 1, MAX_COUNT)
+        # something kept: failed starts and launches without a checkpoint count from 0
+        rec.start_failures = rec.checkpoint_misses = 0
     elif event == "resumed":
         lost = as_int(line.get("lost_steps"), 1, MAX_COUNT)
         if lost:

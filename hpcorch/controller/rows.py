@@ -9,9 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACTIVE_PHASES = ("queued", "starting", "running", "stopping")
-FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout", "refused")
+FINAL_PHASES = ("done", "failed", "cancelled", "lost", "timeout", "refused", "left")
 """timeout: the job checkpointed, but its time budget or its cap on relaunches is spent.
-refused: the job's comment failed validation; the controller never acts on it."""
+refused: the job's comment failed validation, or it cannot keep the pool's contract (an
+interactive allocation); the controller never acts on it. left: moved out of the pool's
+reservation by its owner or an admin; Slurm still lists it, the controller no longer
+schedules it."""
 
 TOTALS_KEY = "cycle_totals"
 CYCLE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -161,6 +164,26 @@ class JobRecord:
     ``+``-joined if they are of several ('': untyped, or not launched yet)."""
     target_type: str = ""
     """The GPU type the plan chose for the next launch ('': any)."""
+    breach: str = ""
+    """How the job broke the pool's contract when the controller ended it ('' none): the
+    reason it is failed with once Slurm shows it ended."""
+    checkpoint_misses: int = 0
+    """Launches in a row that trained and ended without a checkpoint (failed writes, or
+    stopped by force): the next launch starts from the last checkpoint again."""
+    launch_checkpoints: int = 0
+    """``checkpoints`` when the current launch started (a checkpoint since: it kept some)."""
+    trained_step: int = 0
+    """The highest step the job has reported (a launch that starts below it lost work)."""
+    requeue_fixed_at: float = 0.0
+    """When the controller last set a Requeue=0 job back to Requeue=1."""
+    time_limit_min: int = 0
+    """The job's own time limit per launch, as Slurm first showed it (minutes; -1 none;
+    0 not known)."""
+    limit_cut: str = ""
+    """Why its launch's time limit is cut short to end before a window on its nodes (the
+    node and the window; '' while it is not)."""
+    moved: str = ""
+    """Why its last relaunch moved it off a node (a drain, a window; '' it did not)."""
 
     def accepted_types(self) -> tuple[str, ...]:
         return tuple(t for t in self.gpu_types.split(",") if t)

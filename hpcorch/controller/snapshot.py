@@ -13,7 +13,7 @@ restart cost: :func:`hpcorch.controller.reconcile.can_stop`), so the policy plan
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
 from statistics import median
 
@@ -184,6 +184,7 @@ def job_view(
     restart_cost_s: float = 0.0,
     profiles: Profiles | None = None,
     node_types: Sequence[str] = (),
+    moving: bool = False,
 ) -> JobView:
     """``node_types``: the GPU type of each pool node, in a pool of several types (else
     ()): the job is shown on the type of its placement, Slurm's (``rec.gpu_type``) for a
@@ -206,8 +207,9 @@ def job_view(
             movable = False
     else:
         gpus, placement = 0, {}
-    if sum(placement.values()) != gpus or set(placement) & down:
-        gpus, placement = 0, {}  # unknown, or on a failed node: Slurm requeues it
+    if sum(placement.values()) != gpus or set(placement) & down or moving:
+        # unknown, on a failed node (Slurm requeues it), or leaving its node: placed afresh
+        gpus, placement = 0, {}
     kind = ""
     if node_types and placement:
         kind = joined(node_types[n] for n in placement if 0 <= n < len(node_types))
@@ -357,8 +359,11 @@ def build_snapshot(
     settings: Settings | None = None,
     profiles: Profiles | None = None,
     mix_types: bool = False,
+    moving: Collection[int] = (),
 ) -> Snapshot:
-    """``mix_types``: the site lets one launch span nodes of several GPU types."""
+    """``mix_types``: the site lets one launch span nodes of several GPU types.
+    ``moving``: running jobs that leave their nodes now (availability.py): shown as if
+    queued, to be placed afresh."""
     pool_index = {n.name: i for i, n in enumerate(nodes)}
     # what jobs the controller did not place hold is never planned as free
     node_gpus = tuple(max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes)
@@ -373,6 +378,7 @@ def build_snapshot(
     typed = node_types if len(set(node_types)) > 1 else ()
     total = sum(node_gpus)
     down = frozenset(i for i, n in enumerate(nodes) if not n.usable)
+    gone = frozenset(moving)
     req = requests or {}
     weights = job_weights(records, fair_shares or {})
     views = tuple(
@@ -390,6 +396,7 @@ def build_snapshot(
                 restart_cost_s,
                 profiles,
                 typed,
+                r.slurm_id in gone,
             ),
             weights[r.slurm_id],
         )

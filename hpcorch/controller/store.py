@@ -50,7 +50,7 @@ __all__ = [
     "job_row",
 ]
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -96,6 +96,16 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "gpu_type TEXT NOT NULL DEFAULT ''"),
         ("jobs", "target_type TEXT NOT NULL DEFAULT ''"),
         ("samples", "gpu_type TEXT NOT NULL DEFAULT ''"),
+    ),
+    10: (
+        ("jobs", "breach TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "checkpoint_misses INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "launch_checkpoints INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "trained_step INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "requeue_fixed_at REAL NOT NULL DEFAULT 0"),
+        ("jobs", "time_limit_min INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "limit_cut TEXT NOT NULL DEFAULT ''"),
+        ("jobs", "moved TEXT NOT NULL DEFAULT ''"),
     ),
 }
 """Columns each schema version added (table, definition): an older database gains them on

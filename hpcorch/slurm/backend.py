@@ -20,6 +20,13 @@ from typing import Any, Protocol
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.gputypes import TYPE_RE
+from hpcorch.slurm.assoc_mgr import (
+    AssocMgr,
+    AssocMgrError,
+    Partition,
+    parse_assoc_mgr,
+    parse_partitions,
+)
 from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import (
     SACCT_FIELDS,
@@ -73,6 +80,10 @@ class SlurmBackend(Protocol):
         """Reservation ``name``; an error naming "not found" if there is none."""
         ...
 
+    def reservation_list(self) -> list[SlurmReservation]:
+        """Every reservation Slurm holds (one call)."""
+        ...
+
     def fair_shares(self) -> dict[str, float]:
         """User -> Slurm's FairShare factor (0..1); empty without accounting."""
         ...
@@ -80,6 +91,12 @@ class SlurmBackend(Protocol):
     def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
         """Jobs from Slurm's accounting (sacct), for ids squeue no longer lists; [] when
         accounting is not enabled."""
+        ...
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        """slurmctld's associations and QOS, with their limits and what it counts against
+        them (of ``users`` and every account; none without accounting), and the
+        partitions' limits."""
         ...
 
     # actions
@@ -94,11 +111,14 @@ class SlurmBackend(Protocol):
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
         GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
-        :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any)."""
+        :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any).
+        ``time_limit_min``: the launch's time limit in minutes (-1: UNLIMITED; 0: as it
+        is)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -106,6 +126,10 @@ class SlurmBackend(Protocol):
         ...
 
     def set_comment(self, job_id: int, comment: str) -> None: ...
+    def allow_requeue(self, job_id: int) -> None:
+        """Let Slurm requeue the job again (``Requeue=1``)."""
+        ...
+
     def hold(self, job_id: int) -> None: ...
     def release(self, job_id: int) -> None: ...
     def requeue_hold(self, job_id: int) -> None: ...
@@ -246,6 +270,10 @@ class SlurmCLI:
                 found[name] = expand_nodelist(nodes) if nodes not in ("", "(null)") else []
         return found
 
+    def reservation_list(self) -> list[SlurmReservation]:
+        out = self.run(["scontrol", "-o", "show", "reservation"])
+        return [r for r in map(parse_reservation, out.splitlines()) if r is not None]
+
     def reservation(self, name: str) -> SlurmReservation:
         out = self.scontrol("-o", "show", "reservation", name)
         for line in out.splitlines():
@@ -268,6 +296,16 @@ class SlurmCLI:
 
     def fair_shares(self) -> dict[str, float]:
         return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        parts = parse_partitions(self.run(["scontrol", "-o", "show", "partition"]))
+        argv = ["scontrol", "show", "assoc_mgr", "flags=users,assoc,qos"]
+        if users:
+            argv.append("users=" + ",".join(sorted(set(users))))
+        try:
+            return parse_assoc_mgr(self.run(argv)), parts
+        except (SlurmCommandError, AssocMgrError):  # no accounting: no associations
+            return AssocMgr(), parts
 
     def reservation_nodes(self, name: str) -> list[str]:
         nodes = self.reservation(name).nodes
@@ -310,10 +348,13 @@ class SlurmCLI:
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         if node_names and not self._typed:  # 22.05: the nodes name the type (retypes_gpus)
             gpu_type = ""
         fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
+        if time_limit_min:
+            fields.append(f"TimeLimit={time_limit_min if time_limit_min > 0 else 'UNLIMITED'}")
         try:
             self.scontrol("update", f"jobid={job_id}", *fields)
         except SlurmCommandError as exc:
@@ -330,6 +371,9 @@ class SlurmCLI:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self.scontrol("update", f"jobid={job_id}", f"Comment={comment}")
+
+    def allow_requeue(self, job_id: int) -> None:
+        self.scontrol("update", f"jobid={job_id}", "Requeue=1")
 
     def hold(self, job_id: int) -> None:
         self.scontrol("hold", str(job_id))

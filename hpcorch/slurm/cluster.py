@@ -17,17 +17,34 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from hpcorch.cluster import ENDED_STATES, ForeignJob, Observation, ObservedJob, PoolNode, Shape
+from hpcorch.cluster import (
+    ENDED_STATES,
+    ForeignJob,
+    LeaseJob,
+    Observation,
+    ObservedJob,
+    PoolNode,
+    Shape,
+    Window,
+)
 from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.limits import LimitBook, refusal
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.lease_jobs import SlurmLeaseJobs, as_lease
+from hpcorch.slurm.limits import limit_book, rekey
+from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
+RESERVATION_REASONS = frozenset({"Reservation", "ReqNodeNotAvail", "ResvDeleted"})
+"""Why Slurm keeps a launch pending when another reservation holds its nodes."""
+RESV_REREAD_S = 10.0
 DAY = 86400.0
 RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
 RENEW_BEFORE_S = 30 * DAY
@@ -67,6 +84,19 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self._resv_pending = False
+        """The last observation saw a launch pending for a reservation (RESERVATION_REASONS)."""
+        self.windows: tuple[Window, ...] = ()
+        """Other reservations on the pool's nodes, read with the pool's own."""
+        self._partition = ""
+        """A partition every pool node is in (where the lease job is submitted)."""
+        self.leases = SlurmLeaseJobs(self.backend, self.reservation, self._lease_partition)
+        self._limits_read_at = -1e18
+        self._assoc: tuple[AssocMgr, dict[str, Partition]] = (AssocMgr(), {})
+        self._book = LimitBook()
+        self._refused: dict[int, str] = {}
+        """Pool jobs Slurm kept pending for a limit at the last observation, and why."""
+        self._limits_warned = ""
 
     @property
     def calls(self) -> int:
@@ -78,7 +108,10 @@ class SlurmCluster:
     # --- the reservation ----------------------------------------------------------------
     def reservation_nodes(self, refresh: bool = False) -> tuple[str, ...]:
         if refresh or time.monotonic() - self._pool_read_at > self.reservation_ttl:
-            res = self.backend.reservation(self.reservation)
+            listed = self.backend.reservation_list()
+            res = next((r for r in listed if r.name == self.reservation), None)
+            if res is None:
+                raise SlurmCommandError(f"reservation '{self.reservation}' not found")
             try:
                 names = expand_nodelist(res.nodes) if res.nodes else []
             except ValueError as exc:
@@ -86,6 +119,7 @@ class SlurmCluster:
             if not names:
                 raise HpcorchError(f"reservation '{self.reservation}' has no nodes")
             self._pool_nodes = tuple(names)
+            self.windows = _windows(listed, self.reservation, set(names))
             self._pool_read_at = time.monotonic()
             self.pool_ends_at = res.end_time
             self._keep_open(time.time())
@@ -145,18 +179,32 @@ class SlurmCluster:
 
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
-        pool = self.reservation_nodes()
+        # a launch Slurm keeps pending for a reservation: read the reservations again now
+        # (one made since the last read may hold its nodes), at most every RESV_REREAD_S
+        reread = self._resv_pending and time.monotonic() - self._pool_read_at > RESV_REREAD_S
+        pool = self.reservation_nodes(refresh=reread)
         jobs = self.backend.jobs(self.reservation)
+        self._resv_pending = any(
+            j.state == "PENDING" and not j.held and j.reason in RESERVATION_REASONS
+            for j in jobs
+            if j.reservation == self.reservation
+        )
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
+        self._partition = _common_partition([by_name[p] for p in pool if p in by_name])
         # Slurm's own node order (the order it fills a job's GPUs in: cluster.fill_gpus)
         rank = {n.name: i for i, n in enumerate(listed)}
         pool = tuple(sorted(pool, key=lambda name: rank.get(name, len(rank))))
         observed = []
         foreign: list[ForeignJob] = []
+        leases: list[LeaseJob] = []
         held = _Held()
         cpus_per_gpu: dict[int, int] = {}
+        tagged: list[SlurmJob] = []
         for j in jobs:
+            if self.leases.is_lease(j):
+                leases.append(as_lease(j))
+                continue
             if j.reservation != self.reservation:
                 continue
             try:
@@ -181,6 +229,7 @@ class SlurmCluster:
                 continue
             if holds:
                 held.add("own", names, gpus, j.cpus)
+            tagged.append(j)
             cpus = j.cpus_per_gpu or _cpus_tag(tags)
             if cpus:
                 cpus_per_gpu[j.job_id] = cpus
@@ -203,6 +252,9 @@ class SlurmCluster:
                     uid=j.uid,
                     per_node=per_node,
                     special_exit=j.special_exit,
+                    batch=j.batch,
+                    requeue=j.requeue,
+                    time_limit_min=j.time_limit_min,
                 )
             )
         nodes = []
@@ -237,19 +289,54 @@ class SlurmCluster:
                     gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
                     cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
                     gpu_type=n.gpu_type,
+                    leaving=n.leaving,
                 )
             )
         self._residue = residue
         self._cpus_per_gpu = cpus_per_gpu
         self._sweep_spool(j.job_id for j in jobs)
+        now = time.time()
         return Observation(
-            time=time.time(),
+            time=now,
             nodes=tuple(nodes),
             jobs=tuple(observed),
             pool_ends_at=self.pool_ends_at,
             fair_shares=dict(self.fair_shares),
             foreign=tuple(foreign),
+            leases=tuple(leases),
+            windows=tuple(w for w in self.windows if w.end > now or not w.end),
+            limits=self._limits(tagged),
         )
+
+    def _limits(self, pool: Sequence[SlurmJob]) -> LimitBook:
+        """The limits of the pool's jobs: read with their usage every ``reservation_ttl``
+        seconds, and at once when a job joins the pool (slurmctld keeps a QOS's limit on a
+        user only once the user has a job in it) or Slurm keeps one of them pending for a
+        limit it did not at the last observation (2 Slurm calls); between two reads, the
+        last read's caps for the jobs there are now."""
+        refused = {
+            j.job_id: j.reason
+            for j in pool
+            if j.state == "PENDING" and not j.held and refusal(j.reason) is not None
+        }
+        fresh = any(self._refused.get(k) != v for k, v in refused.items())
+        fresh |= any(j.job_id not in self._book.jobs and j.state not in ENDED_STATES for j in pool)
+        self._refused = refused
+        if not fresh and time.monotonic() - self._limits_read_at <= self.reservation_ttl:
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_read_at = time.monotonic()
+        try:
+            self._assoc = self.backend.limits(sorted({j.user for j in pool if j.user}))
+        except HpcorchError as exc:
+            if self._limits_warned != str(exc):
+                self._limits_warned = str(exc)
+                logger.warning("cannot read Slurm's limits (%s): planning with the last read", exc)
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_warned = ""
+        self._book = limit_book(*self._assoc, pool, time.time())
+        return self._book
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
         """Remove the plans of jobs Slurm no longer lists (every ``reservation_ttl``)."""
@@ -257,6 +344,25 @@ class SlurmCluster:
             return
         self._spool_swept_at = time.monotonic()
         self.spool.discard_except(set(known))
+
+    # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
+    def lease_jobs(self) -> list[LeaseJob]:
+        return self.leases.lease_jobs()
+
+    def create_lease(self, comment: str) -> int:
+        return self.leases.create_lease(comment)
+
+    def write_lease(self, slurm_id: int, comment: str) -> None:
+        self.leases.write_lease(slurm_id, comment)
+
+    def drop_lease(self, slurm_id: int) -> None:
+        self.leases.drop_lease(slurm_id)
+
+    def _lease_partition(self) -> str:
+        if not self._partition:
+            pool = set(self.reservation_nodes())
+            self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
+        return self._partition
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -269,6 +375,7 @@ class SlurmCluster:
             cpus,
             shape.per_node if not shape.even else (),
             shape.gpu_type,
+            shape.time_limit_min,
         )
         self.backend.start_now(slurm_id)
         self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
@@ -297,6 +404,19 @@ class SlurmCluster:
 
     def cancel(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id)
+
+    def allow_requeue(self, slurm_id: int) -> None:
+        self.backend.allow_requeue(slurm_id)
+
+    def locate(self, slurm_ids: Sequence[int]) -> dict[int, str]:
+        """Where Slurm lists these jobs now, outside the pool: id -> reservation ('' none).
+        One call, made only when jobs the controller follows leave its observation."""
+        wanted = set(slurm_ids)
+        return {
+            j.job_id: j.reservation
+            for j in self.backend.jobs()
+            if j.job_id in wanted and j.reservation != self.reservation
+        }
 
     @staticmethod
     def _tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:
@@ -337,6 +457,29 @@ class _Held:
     def on(self, kind: str, name: str) -> tuple[int, int]:
         g, c = self._by.get((kind, name), (0, 0))
         return g, c
+
+
+def _windows(listed: Sequence[SlurmReservation], pool: str, nodes: set[str]) -> tuple[Window, ...]:
+    """The other reservations that hold some of the pool's ``nodes``, as windows."""
+    out = []
+    for r in listed:
+        if r.name == pool or not r.nodes:
+            continue
+        try:
+            mine = tuple(n for n in expand_nodelist(r.nodes) if n in nodes)
+        except ValueError:
+            continue
+        if mine:
+            out.append(Window(r.name, mine, r.start_time, r.end_time, r.flags))
+    return tuple(out)
+
+
+def _common_partition(nodes: Sequence[SlurmNode]) -> str:
+    """The first partition (in the first node's order) that every one of ``nodes`` is in."""
+    if not nodes:
+        return ""
+    rest = [set(n.partitions) for n in nodes[1:]]
+    return next((p for p in nodes[0].partitions if all(p in r for r in rest)), "")
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:

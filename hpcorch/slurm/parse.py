@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcorch.cluster import LEASE_NAME
+
 _GPU_RE = re.compile(r"(?:^|[,/])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
 
 
@@ -117,6 +119,10 @@ class SlurmJob:
     special_exit: bool = False
     """Requeued held in Slurm's SPECIAL_EXIT state: what hpcorch's job wrapper does to its
     job after a checkpoint on request (``requeuehold State=SpecialExit``)."""
+    batch: bool = True
+    """A batch job (sbatch); False for an interactive allocation (salloc, srun)."""
+    requeue: bool = True
+    """Slurm may requeue it (False: ``--no-requeue`` or ``scontrol update Requeue=0``)."""
 
     @property
     def gpus(self) -> int:
@@ -140,6 +146,23 @@ class SlurmNode:
     cpus_used: int = 0
     gpu_type: str = ""
     """The type its GRES names (``Gres=gpu:a100:4``), "" when its GPUs are untyped."""
+
+    @property
+    def leaving(self) -> str:
+        """Why the node is being emptied while it still runs jobs: an admin drains it
+        (``scontrol update state=drain``), or a reboot waits for it to be empty
+        (``scontrol reboot ASAP``); '' when it is not, or when it has failed (down, not
+        responding: Slurm requeues its jobs itself)."""
+        states = set(self.states)
+        if states & {"DOWN", "NOT_RESPONDING", "POWERED_DOWN", "FUTURE"}:
+            return ""
+        said = "".join(c if c.isprintable() else "?" for c in self.reason[:120])
+        why = f" (Reason={said})" if said else ""
+        if states & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
+            return f"a reboot is pending{why}"
+        if states & {"DRAIN", "DRAINING", "DRAINED", "FAILING"}:
+            return f"drained by an admin{why}"
+        return ""
 
     @property
     def usable(self) -> bool:
@@ -235,15 +258,27 @@ def _job(raw: Mapping[str, Any]) -> SlurmJob:
         account=str(raw.get("account") or ""),
         qos=str(raw.get("qos") or ""),
         cpus=_num(raw.get("cpus")),
+        batch=_flag(raw.get("batch_flag"), True),
+        requeue=_flag(raw.get("requeue"), True),
     )
+
+
+def _flag(value: Any, default: bool) -> bool:
+    """A boolean field: true/false, 0/1, or absent (``default``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float):
+        return bool(value)
+    return default
 
 
 def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:
     """Jobs from a ``squeue --json`` document (any supported version); only those of
-    ``reservation`` when given (a site's queue holds many other jobs: they are not parsed)."""
+    ``reservation`` when given, and lease jobs (a site's queue holds many other jobs: they
+    are not parsed)."""
     jobs = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
     if reservation is not None:
-        jobs = [j for j in jobs if j.get("resv_name") == reservation]
+        jobs = [j for j in jobs if j.get("resv_name") == reservation or j.get("name") == LEASE_NAME]
     return [_job(j) for j in jobs]
 
 
@@ -282,6 +317,8 @@ class SlurmReservation:
     """Unix time it ends (0: unknown)."""
     flags: tuple[str, ...]
     users: str
+    start_time: float = 0.0
+    """Unix time it starts (0: unknown)."""
 
 
 def parse_sshare(text: str) -> dict[str, float]:
@@ -325,6 +362,7 @@ def parse_reservation(line: str) -> SlurmReservation | None:
         end_time=slurm_time(fields.get("EndTime", "")),
         flags=tuple(f for f in flags.split(",") if f and f != "(null)"),
         users="" if fields.get("Users") == "(null)" else fields.get("Users", ""),
+        start_time=slurm_time(fields.get("StartTime", "")),
     )
 
 

@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
+from hpcorch.cluster import LEASE_NAME
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.pyslurm_map import (
@@ -101,7 +103,9 @@ class PySlurmBackend:
         return [
             job_from_pyslurm(j)
             for j in self._load_jobs()
-            if reservation is None or _str(j.reservation) == reservation
+            if reservation is None
+            or _str(j.reservation) == reservation
+            or _str(j.name) == LEASE_NAME
         ]
 
     def nodes(self) -> list[SlurmNode]:
@@ -135,17 +139,24 @@ class PySlurmBackend:
         return found[name]
 
     def reservation(self, name: str) -> SlurmReservation:
-        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
-        for r in self._values(coll):
-            if _str(r.name) == name:
-                return SlurmReservation(
-                    name=name,
-                    nodes=_str(r.nodes) if r.nodes else "",
-                    end_time=float(getattr(r, "end_time", 0) or 0),
-                    flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
-                    users=",".join(_names(getattr(r, "users", None))),
-                )
+        for r in self.reservation_list():
+            if r.name == name:
+                return r
         raise SlurmCommandError(f"pyslurm: reservation '{name}' not found")
+
+    def reservation_list(self) -> list[SlurmReservation]:
+        coll = self._rpc("Reservations.load", lambda: self.pyslurm.Reservations.load())
+        return [
+            SlurmReservation(
+                name=_str(r.name),
+                nodes=_str(r.nodes) if r.nodes else "",
+                end_time=float(getattr(r, "end_time", 0) or 0),
+                flags=tuple(f.upper() for f in _names(getattr(r, "flags", None))),
+                users=",".join(_names(getattr(r, "users", None))),
+                start_time=float(getattr(r, "start_time", 0) or 0),
+            )
+            for r in self._values(coll)
+        ]
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
@@ -177,9 +188,17 @@ class PySlurmBackend:
         cpus_per_gpu: int = 0,
         per_node: Sequence[int] = (),
         gpu_type: str = "",
+        time_limit_min: int = 0,
     ) -> None:
         self.cli.set_shape(
-            job_id, nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type
+            job_id,
+            nodes,
+            gpus_per_node,
+            node_names,
+            cpus_per_gpu,
+            per_node,
+            gpu_type,
+            time_limit_min,
         )
 
     def start_now(self, job_id: int) -> None:
@@ -187,6 +206,9 @@ class PySlurmBackend:
 
     def set_comment(self, job_id: int, comment: str) -> None:
         self._modify(job_id, comment=comment)
+
+    def allow_requeue(self, job_id: int) -> None:
+        self._modify(job_id, is_requeueable=True)
 
     def hold(self, job_id: int) -> None:
         job = self._job(job_id)
@@ -209,6 +231,12 @@ class PySlurmBackend:
 
     def fair_shares(self) -> dict[str, float]:
         return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        """Through ``scontrol show assoc_mgr``: pyslurm 25.11 reads associations and QOS
+        from slurmdbd (``pyslurm.db``): its QOS carry no limits, and its associations not
+        what slurmctld counts against them now, which the plan needs."""
+        return self.cli.limits(users)
 
     def extend_reservation(self, name: str, end_time: float) -> None:
         self.cli.extend_reservation(name, end_time)

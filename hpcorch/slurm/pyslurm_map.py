@@ -265,7 +265,15 @@ def job_from_pyslurm(job: Any) -> SlurmJob:
         account=_str(getattr(job, "account", "")),
         cpus=_int(getattr(job, "cpus", 0)),
         qos=_str(getattr(job, "qos", "")),
+        batch=_batch_flag(job),
+        requeue=bool(getattr(job, "is_requeueable", True)),
     )
+
+
+def _batch_flag(job: Any) -> bool:
+    """Whether a ``pyslurm.Job`` is a batch job (not salloc/srun): ``Job.is_batch_job``."""
+    flag = getattr(job, "is_batch_job", None)
+    return True if flag is None else bool(flag)
 
 
 def node_from_pyslurm(node: Any, gpus_used: int = 0) -> SlurmNode:

@@ -1,0 +1,175 @@
+"""Drains, pending reboots and maintenance windows on the fake cluster (issue 33): the jobs
+leave such a node at their next safe point, nothing new is planned there, a launch on a node
+a window will take ends before it, and the node is the pool's again afterwards.
+
+On the real pool: tests/integration/test_drain.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from hpcorch.cluster import Observation, Window
+from hpcorch.controller.availability import LIMIT_MARGIN_S, fates, lead_s
+from tests.test_contract import ContractCluster, started, steps
+from tests.test_controller_logic import controller
+
+
+@dataclass
+class Site(ContractCluster):
+    """The fake cluster with an admin: nodes drained, reservations made."""
+
+    leaving: dict[str, str] = field(default_factory=dict)
+    windows: list[Window] = field(default_factory=list)
+
+    def observe(self) -> Observation:
+        obs = super().observe()
+        nodes = tuple(
+            replace(n, usable=False, leaving=self.leaving[n.name]) if n.name in self.leaving else n
+            for n in obs.nodes
+        )
+        return replace(obs, nodes=nodes, windows=tuple(self.windows))
+
+
+def running_on_both(tmp_path: Path, **settings: float) -> tuple[Site, object]:
+    c = Site()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, **settings)
+    ctl.cycle()
+    c.report(1, started(), steps(10))
+    ctl.cycle()
+    assert c.jobs[1].job.node_names == ("n1", "n2")
+    return c, ctl
+
+
+def test_a_job_leaves_a_drained_node_at_its_next_safe_point(tmp_path: Path) -> None:
+    """The drain finding: the job across n1 and n2 kept n2 for as long as it ran, the node
+    DRAINING; it moves off it now, at once (not after --min-run), onto n1, and says why."""
+    c, ctl = running_on_both(tmp_path, min_run_s=3600)
+    c.leaving["n2"] = "drained by an admin (Reason=repair)"
+    before = len(c.shapes)
+    ctl.cycle()  # type: ignore[attr-defined]
+    assert ("signal", 1) in c.log, c.log
+    rec = ctl.store.job(1)  # type: ignore[attr-defined]
+    assert rec.phase == "stopping" and rec.reason.startswith("leaving n2"), rec.reason
+    ctl.cycle()  # type: ignore[attr-defined]  # it checkpointed: relaunched off n2
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.node_names == ("n1",)
+    ctl.cycle()  # type: ignore[attr-defined]
+    rec = ctl.store.job(1)  # type: ignore[attr-defined]
+    assert rec.gpus == 4 and "moved off n2" in rec.reason and "repair" in rec.reason, rec.reason
+    c.add(2, 1, 4)
+    ctl.cycle()  # type: ignore[attr-defined]
+    after = c.shapes[before:]
+    assert after and all("n2" not in s.node_names for s in after), after  # nothing planned there
+    c.leaving.clear()  # back in service: planned again
+    back = len(c.shapes)
+    for _ in range(4):
+        ctl.cycle()  # type: ignore[attr-defined]
+    assert any("n2" in s.node_names for s in c.shapes[back:]), c.shapes[back:]
+
+
+def test_a_job_that_has_not_reported_its_start_leaves_once_it_does(tmp_path: Path) -> None:
+    """A signal before the runtime's handler is installed would kill the job: it leaves
+    the draining node once it reported its start."""
+    c = Site()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, startup_s=600)
+    ctl.cycle()
+    ctl.cycle()
+    c.leaving["n2"] = "a reboot is pending"
+    ctl.cycle()
+    assert ("signal", 1) not in c.log
+    c.report(1, started())
+    ctl.cycle()
+    assert ("signal", 1) in c.log
+
+
+def test_a_job_that_cannot_be_resumed_keeps_the_draining_node_alone(tmp_path: Path) -> None:
+    """A sidecar job whose script keeps no checkpoint cannot move: it keeps its GPUs on the
+    node to its end, and nothing else is planned there meanwhile."""
+    c = Site(nodes=1)
+    c.add(1, 2, 2)
+    c.set(1, tags={**c.jobs[1].job.tags, "mode": "sidecar", "resume": "no"})
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    assert c.jobs[1].job.gpus == 2
+    c.leaving["n1"] = "drained by an admin"
+    c.add(2, 1, 2)
+    for _ in range(3):
+        ctl.cycle()
+    assert ("signal", 1) not in c.log and c.state(2) == "PENDING"
+
+
+def test_a_maintenance_window_empties_its_nodes_by_its_start_and_gives_them_back(
+    tmp_path: Path,
+) -> None:
+    """A reservation with MAINT on n2 from T: a launch on n2 before it gets a time limit
+    that ends before T (Slurm would not start it otherwise); its job leaves n2 at T - lead
+    (the preemption bound), so n2 is empty by T; after the window n2 is planned again."""
+    c = Site()
+    start = c.t + 3600
+    c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
+    c.add(1, 8, 8)
+    ctl = controller(tmp_path, c, min_run_s=60)
+    s = ctl.config.settings
+    ctl.cycle()
+    shape = c.shapes[-1]
+    assert "n2" in shape.node_names
+    limit = shape.time_limit_min
+    assert 0 < limit <= (start - c.t - LIMIT_MARGIN_S) / 60, limit
+    c.report(1, started(), steps(10))
+    ctl.cycle()
+    c.t = start - lead_s(s) - 1
+    ctl.cycle()
+    assert ("signal", 1) not in c.log  # not yet
+    c.t += 2
+    ctl.cycle()
+    assert ("signal", 1) in c.log
+    ctl.cycle()  # relaunched: 8 GPUs do not fit on n1 alone, it waits
+    c.t = start + 1801
+    c.windows.clear()  # Slurm drops the reservation once it ended
+    for _ in range(3):
+        ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.gpus == 8
+    assert c.shapes[-1].time_limit_min in (0, -1)  # its own limit again (none)
+
+
+def test_a_window_closes_its_nodes_to_launches_too_short_to_pay(tmp_path: Path) -> None:
+    c = Site()
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, min_run_s=60)
+    s = ctl.config.settings
+    start = c.t + lead_s(s) + 30  # it leaves in 30 s: no new launch there
+    c.windows.append(Window("r1", ("n2",), start, start + 600))
+    f = fates(c.observe().nodes, c.windows, c.t, s)
+    assert f["n2"].close_at <= c.t < f["n2"].leave_at
+    ctl.cycle()
+    assert c.shapes[-1].node_names == ("n1",) and c.shapes[-1].gpus == 4
+
+
+def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool: the job's pre-limit signal (Slurm's --signal, 120 s before the cut
+    limit) came before the controller moved it; it checkpointed "on its own", was
+    relaunched on the same nodes with a limit cut again, and ended after --max-relaunches.
+    Such a checkpoint is the window's doing: the job is planned again off the window's
+    nodes, and its relaunches are not counted."""
+    c = Site()
+    start = c.t + 3600
+    c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, min_run_s=60)
+    ctl.cycle()
+    assert c.shapes[-1].node_names == ("n1", "n2") and c.shapes[-1].time_limit_min > 0
+    c.report(1, started(), steps(10))
+    ctl.cycle()
+    c.t = start - lead_s(ctl.config.settings) - 30  # before the move: Slurm's signal
+    # before the cut limit (a job whose own --signal lead is longer than hpcorch's)
+    c.set(1, state="FAILED", exit_code=75)
+    for _ in range(3):
+        ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.node_names == ("n1",), c.jobs[1].job
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.time_relaunches == 0 and "moved off n2" in rec.reason
