@@ -1,11 +1,16 @@
 """Decision time per round: 64 GPUs vs a synthetic 4096-GPU pool with 2000 active jobs.
 
     python benchmarks/scaling.py [--rounds 5] [--jobs 2000] [--nodes 1024] [--data DIR]
-                                 [--gpu-types]
+                                 [--gpu-types] [--no-length] [--policies ones,...]
 
 ``--gpu-types``: the same pools made of three GPU types (a quarter A100 and V100 nodes,
 half T4), each job's measurements on the type it ran on (a running job's, else one drawn
 at random), and the policies that plan types (``ones``, ``gavel``) timed on them.
+``--no-length``: no job declares how long it trains (the controller's placeholders, one
+epoch of one step past the current one, ``JobView.length_known`` False), and the same
+policy object plans every round, so that ONES weighs the jobs against the work of those
+that left the pool between rounds (each round's snapshot is a new draw: most of the
+previous round's jobs have left).
 
 Builds snapshots the way the controller would see them (jobs of the six measured
 applications part-way through training, about half of them running, each reporting the
@@ -151,6 +156,21 @@ def with_types(snap: Snapshot, seed: int) -> Snapshot:
     return replace(snap, jobs=tuple(jobs), history=history, node_types=kinds)
 
 
+def without_lengths(snap: Snapshot, seed: int) -> Snapshot:
+    """``snap`` where no job declares its length, each job's ids new to this round."""
+    jobs = tuple(
+        replace(
+            j,
+            job_id=f"{j.job_id}-r{seed}",
+            max_epochs=j.epoch + 1,
+            progress_per_epoch_hint=1.0,
+            length_known=False,
+        )
+        for j in snap.jobs
+    )
+    return replace(snap, jobs=jobs, now=snap.now + 60.0 * seed)
+
+
 def time_policy(name: str, snaps: list[Snapshot]) -> tuple[float, float, float]:
     """(mean CPU ms, max CPU ms, mean wall ms) of ``schedule`` over the snapshots."""
     policy = make_policy(name, 0)
@@ -171,6 +191,8 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1024)
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--gpu-types", action="store_true", help="pools of three GPU types")
+    ap.add_argument("--no-length", action="store_true", help="no job declares its length")
+    ap.add_argument("--policies", default="", help="comma-separated (default: all)")
     args = ap.parse_args()
     apps = load_apps(args.data or default_data_dir())
     cases = [
@@ -185,6 +207,11 @@ def main() -> None:
             snaps = [with_types(s, seed) for seed, s in enumerate(snaps)]
             label += ", 3 GPU types"
             names = sorted(TYPE_AWARE)
+        if args.no_length:
+            snaps = [without_lengths(s, seed) for seed, s in enumerate(snaps)]
+            label += ", no lengths"
+        if args.policies:
+            names = [n for n in names if n in args.policies.split(",")]
         for name in names:
             mean, worst, wall = time_policy(name, snaps)
             rows.append([label, name, mean, worst, wall])
