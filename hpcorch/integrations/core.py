@@ -24,11 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcorch import logsetup
 from hpcorch.integrations.layout import Position, StepSpan, spans
 from hpcorch.planner import BatchPlan, BatchPlanError, plan_batch
-from hpcorch.protocol import ENV_GLOBAL_BATCH, EXIT_CONFIG
-from hpcorch.runtime.config import ConfigError, Settings, resolve
+from hpcorch.protocol import ENV_GLOBAL_BATCH
+from hpcorch.runtime.config import Settings, settings_or_exit
 from hpcorch.runtime.dist import DistInfo, destroy_process_group, free_port
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.launch import Agreement, Launch
@@ -75,24 +74,19 @@ def settle(
 ) -> Settings:
     """This launch's settings (plan > environment > the script's own batch); a bad plan or
     setting ends the launch with one line and exit code 78, as the runtime does."""
-    try:
-        return resolve(
-            os.environ,
-            world_size=info.world_size,
-            global_batch=global_batch,
-            max_micro_batch=max_micro_batch,
-            lr_scaling=lr_scaling,
-            min_global_batch=min_global_batch,
-            max_global_batch=max_global_batch,
-            job_dir=None,
-            checkpoint_signal=None,
-            checkpoint_interval=None,
-            metrics_interval=None,
-        )
-    except ConfigError as e:
-        if info.rank == 0:
-            logsetup.ensure("hpcorch").error("%s", e)
-        raise SystemExit(EXIT_CONFIG) from None
+    return settings_or_exit(
+        info.rank,
+        world_size=info.world_size,
+        global_batch=global_batch,
+        max_micro_batch=max_micro_batch,
+        lr_scaling=lr_scaling,
+        min_global_batch=min_global_batch,
+        max_global_batch=max_global_batch,
+        job_dir=None,
+        checkpoint_signal=None,
+        checkpoint_interval=None,
+        metrics_interval=None,
+    )
 
 
 class ElasticRun(Launch):
