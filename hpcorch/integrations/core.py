@@ -97,7 +97,7 @@ class ElasticRun(Launch):
         dist_info: DistInfo,
         settings: Settings,
         *,
-        library: str,
+        framework: str,
         dataset_size: int,
         seed: int,
         shuffle: bool,
@@ -105,7 +105,7 @@ class ElasticRun(Launch):
         warmup_steps: int,
     ) -> None:
         super().__init__(dist_info, settings, fast_exit=True)
-        self.library = library
+        self.framework = framework
         self.order = ElasticSampler(dataset_size, seed, shuffle)
         self.position: Position = (0, 0)
         """The data position after the last step trained: (epoch, samples of it consumed)."""
@@ -273,7 +273,7 @@ class ElasticRun(Launch):
             offset=self.position[1],
             resumed=self.resumed,
             lr_scaling=self.settings.lr_scaling,
-            library=self.library,
+            framework=self.framework,
             **self.timings,
         )
         self.restart_clock()
@@ -284,7 +284,7 @@ class ElasticRun(Launch):
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "library": self.library,
+            "framework": self.framework,
             "job": self.settings.job_id,
             "written_at": time.time(),
             "world_size": self.world_size,
