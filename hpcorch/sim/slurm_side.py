@@ -27,7 +27,9 @@ models (:class:`hpcorch.sim.engine.SimJob`), so the production controller can ru
 * a job that reaches its last epoch exits 0 (COMPLETED) and frees its GPUs,
   ``cost.finish_s`` after its last step (its final checkpoint and teardown).
 
-Ended jobs stay visible for ``min_job_age`` seconds, like Slurm's MinJobAge.
+What squeue shows of a job and where a released launch fits are in
+:mod:`hpcorch.sim.slurm_view`. Ended jobs stay visible for ``min_job_age`` seconds, like
+Slurm's MinJobAge.
 :meth:`SimSlurm.next_event` tells a driver when the next thing a controller could see
 happens, so it can skip the cycles in which nothing would.
 """
@@ -38,7 +40,7 @@ import bisect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.cluster import Observation, PoolNode, Shape
 from hpcorch.errors import HpcorchError
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import EXIT_DONE
@@ -48,6 +50,7 @@ from hpcorch.sim.gputypes import TypedPool
 from hpcorch.sim.job_side import checkpoint, flush, iteration_time, line, report, restore, set_batch
 from hpcorch.sim.limits import SimLimits
 from hpcorch.sim.slurm_jobs import INF, SlurmJob, job_tags
+from hpcorch.sim.slurm_view import cpus_per_gpu, fit_shape, observed
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -151,37 +154,12 @@ class SimSlurm:
             if j.model.spec.time > now or (j.ended and now - j.end_time > self.min_job_age):
                 continue
             if j.seen is None or j.seen[0] != j.version:
-                j.seen = (j.version, self._observed(j))
+                j.seen = (j.version, observed(j, self.node_names, self._admin_held))
             seen.append(j.seen[1])
         if self.limits is None:
             return Observation(time=now, nodes=nodes, jobs=tuple(seen))
         book = self.limits.book(((o.slurm_id, o.user) for o in seen if not o.ended), now)
         return Observation(time=now, nodes=nodes, jobs=tuple(seen), limits=book)
-
-    def _observed(self, j: SlurmJob) -> ObservedJob:
-        running = j.state == "RUNNING" or j.ended
-        return ObservedJob(
-            slurm_id=j.slurm_id,
-            name=j.model.spec.name,
-            user=j.user,
-            state=j.state,
-            held=j.held,
-            reason=(
-                ("JobHeldAdmin" if j.slurm_id in self._admin_held else "JobHeldUser")
-                if j.held
-                else ("" if running else j.refused or "Resources")
-            ),
-            node_names=tuple(self.node_names[i] for i in j.nodes) if running else (),
-            gpus_per_node=max(j.counts, default=0) if running else 0,
-            restarts=j.restarts,
-            exit_code=j.exit_code,
-            submit_time=j.model.spec.time,
-            start_time=j.start_time,
-            tags=j.tags,
-            end_time=j.end_time,
-            per_node=j.counts if running else (),
-            special_exit=j.special_exit,
-        )
 
     def start(self, slurm_id: int, shape: Shape) -> None:
         self._calls += 3  # update shape, StartTime, release
@@ -404,10 +382,12 @@ class SimSlurm:
             if self._refused(j):
                 continue
             free = [g - u for g, u in zip(self.node_gpus, used, strict=True)]
-            where = self._fit(j.shape, free)
+            where = fit_shape(j.shape, free, self._index, self._type)
             if where is None:
                 continue
-            per_gpu = self._cpus_per_gpu(j.shape, where[0])
+            per_gpu = cpus_per_gpu(
+                j.shape, where[0], self.node_cpus, self.node_gpus, self.fixed_cpus
+            )
             if self.node_cpus and any(
                 used_cpus[i] + c * per_gpu > self.node_cpus[i] for i, c in zip(*where, strict=True)
             ):
@@ -439,32 +419,6 @@ class SimSlurm:
         if j.refused:
             self.limit_waits.append(self.world.now - j.refused_since)
             j.refused = ""
-
-    def _cpus_per_gpu(self, shape: Shape, nodes: tuple[int, ...]) -> int:
-        """The CPUs with each GPU of a launch: the fixed count, the shape's, else the site
-        default (node CPUs / node GPUs); 0 where CPUs are not modelled."""
-        if not self.node_cpus:
-            return 0
-        if self.fixed_cpus or shape.cpus_per_gpu:
-            return self.fixed_cpus or shape.cpus_per_gpu
-        return min(self.node_cpus[i] // max(self.node_gpus[i], 1) for i in nodes)
-
-    def _fit(self, shape: Shape, free: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """(nodes, GPUs on each) for ``shape`` on the ``free`` GPUs, or None."""
-        if shape.node_names:
-            idx = tuple(self._index[n] for n in shape.node_names)
-            counts = shape.per_node or (shape.gpus_per_node,) * len(idx)
-            if all(free[i] >= c for i, c in zip(idx, counts, strict=True)):
-                return idx, counts
-            return None
-        per, kind = shape.gpus_per_node, shape.gpu_type
-        fits = sorted(
-            (i for i, f in enumerate(free) if f >= per and kind in ("", self._type(i))),
-            key=lambda i: (free[i], i),
-        )
-        if len(fits) < shape.nodes:
-            return None
-        return tuple(sorted(fits[: shape.nodes])), (per,) * shape.nodes
 
     def _launch(self, j: SlurmJob, nodes: tuple[int, ...], counts: tuple[int, ...]) -> None:
         m = j.model
