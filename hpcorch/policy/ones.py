@@ -35,10 +35,14 @@ from hpcorch.policy.ones_ops import Ops, group_masks
 from hpcorch.policy.ones_types import schedule_types
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
+from hpcorch.policy.tails import age_factor, guarded, restart_guard, restarts_over
 from hpcorch.policy.types import JobView, Plan, Snapshot
 
 DEPARTED_KEEP = 2000
 """Jobs that left the pool whose GPU-seconds ONES remembers (the newest)."""
+WASTE_HORIZON_S = 3600.0
+AGE_S = 0.0
+RESTARTS_PER_HOUR = 0.0
 
 
 @dataclass
@@ -91,19 +95,25 @@ class OnesPolicy:
     it took ``waste x restart cost x g x (other jobs / pool GPUs)`` seconds longer (the
     pool's GPU-seconds idle while it restarts delay every other job's work); 0: only its
     own restart cost counts."""
-    waste_horizon_s: float = 0.0
-    """Charge a running job's change the value of the GPU-time its restart wastes
+    tails: str = "unknown"
+    """The jobs the tail guards below apply to (:mod:`hpcorch.policy.tails`): ``all``,
+    ``unknown`` (those of unknown length, whose remaining work is a guess that changes as
+    they run) or ``none``."""
+    waste_horizon_s: float = WASTE_HORIZON_S
+    """Charge a guarded running job's change the value of the GPU-time its restart wastes
     (:meth:`charge`), spread over at most this many seconds; 0: not charged."""
     waste_weight: float = 1.0
-    age_s: float = 0.0
-    """A job behind its fair share of the pool by this many seconds (:func:`behind`)
-    weighs twice as much (``age_power`` 1); 0: no aging."""
+    age_s: float = AGE_S
+    """A guarded job behind its fair share of the pool by this many seconds
+    (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1); 0: no
+    aging."""
     age_power: float = 1.0
     restarts_free: float = 2.0
     """Restarts a job may suffer before its own run earns it more (``restarts_per_hour``)."""
-    restarts_per_hour: float = 0.0
-    """Restarts a job earns per hour it holds GPUs; a running job that has had all it
-    earned keeps its GPUs until it earns another (0: no bound)."""
+    restarts_per_hour: float = RESTARTS_PER_HOUR
+    """Restarts a guarded job earns per hour it holds GPUs; one past them (counting the
+    restart a change costs) keeps its GPUs unless a change gains ``1 + over`` times what
+    it has (:func:`hpcorch.policy.tails.restart_guard`; 0: no bound)."""
     name: str = "ones"
     _pop: list[dict[str, int]] = field(default_factory=list)
     _rng: np.random.Generator | None = None
@@ -146,6 +156,7 @@ class OnesPolicy:
         # remaining work on one GPU (GPU-seconds at the minimum of a job that needs more)
         value = self.weigh(value, one_gpu_time(est.time, est.gmin), jobs, snapshot)
         value = self.charge(value, t, cur, snapshot)
+        value = self.guard(value, cur, jobs)
         over = cols > est.gmax[:, None]
         value[over] = -np.inf
         pinned = self.kept(jobs)
@@ -194,15 +205,15 @@ class OnesPolicy:
 
     def kept(self, jobs: Sequence[JobView]) -> np.ndarray:
         """The running jobs that keep their GPUs this round: those that cannot be stopped
-        now, and those that have had all the restarts their run has earned."""
-        out = np.array([j.running and not j.resizable for j in jobs], dtype=bool)
-        if self.restarts_per_hour > 0:
-            earned = np.array(
-                [self.restarts_free + self.restarts_per_hour * j.run_time / 3600.0 for j in jobs]
-            )
-            spent = np.array([j.restarts for j in jobs])
-            out |= np.array([j.running for j in jobs], dtype=bool) & (spent >= earned)
-        return out
+        now."""
+        return np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+
+    def guard(self, value: np.ndarray, cur: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray:
+        """``value`` with the current allocation of each guarded job past the restarts its
+        run has earned worth more (:func:`hpcorch.policy.tails.restart_guard`). ``cur``:
+        as for :meth:`charge`."""
+        over = restarts_over(jobs, self.restarts_free, self.restarts_per_hour)
+        return restart_guard(value, cur, np.where(guarded(jobs, self.tails), over, 0.0))
 
     def account(self, snapshot: Snapshot) -> None:
         """Before a round: add to each job's work done (in one-GPU seconds at the reference
@@ -297,7 +308,8 @@ class OnesPolicy:
         the pool's GPUs), spread over the time the change is expected to last (the job's
         remaining time ``t`` at ``g``, at most ``waste_horizon_s``). ``cur``: each job's
         current GPUs (0: queued) or, over GPU types, ``(type, GPUs)`` index arrays."""
-        if self.waste_horizon_s <= 0:
+        mask = guarded(snapshot.jobs, self.tails)
+        if self.waste_horizon_s <= 0 or not mask.any():
             return value
         n, width = value.shape[0], value.shape[-1]
         rows = np.arange(n)
@@ -325,7 +337,7 @@ class OnesPolicy:
             changed[rows, cur] = False
         else:
             changed[rows, cur[0], cur[1]] = False
-        changed &= running.reshape(shape) & (cols > 0)
+        changed &= (running & mask).reshape(shape) & (cols > 0)
         changed &= np.isfinite(value) & np.isfinite(pen)
         return np.where(changed, value - self.waste_weight * pen, value)
 
@@ -354,7 +366,8 @@ class OnesPolicy:
             value = value * rank.reshape(shape) ** self.rank_weight
         weights = np.array([j.weight for j in jobs])
         if self.age_s > 0 and snapshot is not None and n:
-            weights = weights * (1.0 + behind(snapshot, jobs) / self.age_s) ** self.age_power
+            mask = guarded(jobs, self.tails)
+            weights = weights * age_factor(snapshot, jobs, self.age_s, self.age_power, mask)
         return np.asarray(value * weights.reshape(shape))  # users' fair shares
 
     def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray:
@@ -373,16 +386,6 @@ class OnesPolicy:
 def restart_costs(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:
     """Each job's restart cost: its own where measured, else the pool's."""
     return np.array([j.restart_cost_s or snapshot.restart_cost_s for j in jobs], dtype=float)
-
-
-def behind(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:
-    """Seconds each job is behind an equal share of the pool: the time since it was
-    submitted less the time an equal share (the pool's GPUs over the jobs in it now) would
-    have taken to give it the GPU-seconds it has had; 0 for a job ahead of its share."""
-    share = snapshot.total_gpus / max(len(jobs), 1)
-    waited = np.array([snapshot.now - j.submit_time for j in jobs])
-    served = np.array([j.attained_service for j in jobs]) / max(share, 1e-9)
-    return np.maximum(waited - served, 0.0)
 
 
 def _knee(value: np.ndarray, time: np.ndarray, eff: float, discount: float) -> np.ndarray:

@@ -79,6 +79,8 @@ class TypedSearch(Protocol):
         self, value: np.ndarray, t: np.ndarray, cur: np.ndarray, snapshot: Snapshot
     ) -> np.ndarray: ...
 
+    def guard(self, value: np.ndarray, cur: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray: ...
+
 
 def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
     """``policy``'s plan on a pool of several GPU types (no launch spans two)."""
@@ -194,7 +196,8 @@ def _values(
             probing |= np.array(needs_probe(view.jobs, e), dtype=bool) & here
     value = policy.weigh(value, work, jobs, snapshot)
     at_g = np.where(running, np.minimum([j.gpus for j in jobs], width - 1), 0).astype(np.int64)
-    value = policy.charge(value, times, np.stack([np.maximum(cur_k, 0), at_g]), snapshot)
+    at = np.stack([np.maximum(cur_k, 0), at_g])
+    value = policy.guard(policy.charge(value, times, at, snapshot), at, jobs)
     if policy.probe and policy.probe_hold_s > 0:
         held = policy.holding(snapshot, probing & ~pinned)
         # a job measuring its probe keeps its type and count (it may be preempted)

@@ -1,0 +1,107 @@
+"""Fair tails: a job's restarts bounded per hour of its own run, waiting or shrunk jobs
+aged, and a resize charged the GPU-time it wastes (:mod:`hpcorch.policy.tails`), on the
+jobs of unknown length by default."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hpcorch.policy.ones import OnesPolicy
+from hpcorch.policy.tails import age_factor, guarded, restart_guard, restarts_over
+from hpcorch.policy.types import JobView, Snapshot
+
+
+def _job(name: str, **kw: object) -> JobView:
+    base = JobView(
+        job_id=name,
+        application=name,
+        submit_time=0.0,
+        requested_gpus=1,
+        requested_batch=64,
+        min_gpus=1,
+        max_gpus=16,
+        min_batch=64,
+        max_batch=1024,
+        min_micro_batch=1,
+        max_micro_batch=16,
+        max_epochs=1,
+        progress_per_epoch_hint=1.0,
+        length_known=False,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+RUN = {"gpus": 4, "placement": {0: 4}, "batch": 64, "micro_batch": 16}
+
+
+def test_restarts_are_bounded_per_hour_of_the_job_s_own_run() -> None:
+    jobs = (
+        _job("new", restarts=2, run_time=600.0, **RUN),  # 2 free: a third is one over
+        _job("long", restarts=6, run_time=4 * 3600.0, **RUN),  # earned 2 + 4: 7 is one over
+        _job("fine", restarts=3, run_time=3 * 3600.0, **RUN),  # earned 5: within it
+        _job("queued", restarts=9, run_time=600.0),  # not running: nothing to keep
+    )
+    over = restarts_over(jobs, free=2.0, per_hour=1.0)
+    assert over == pytest.approx([1.0 - 600.0 / 3600.0, 1.0, 0.0, 0.0])
+    assert not restarts_over(jobs, free=2.0, per_hour=0.0).any()  # no bound
+
+
+def test_a_job_past_its_restarts_keeps_its_gpus_unless_a_change_gains_more() -> None:
+    """Its current allocation is worth ``1 + over`` times as much: a change must beat that.
+    Not a pin: a job kept on its GPUs whatever the others gain held back the short jobs
+    that arrived (measured worse on the bundled workloads)."""
+    value = np.array([[0.0, 1.0, 1.5, 1.8, 2.0], [0.0, 1.0, 1.5, 1.8, 2.0]])
+    cur = np.array([2, 2])
+    out = restart_guard(value, cur, np.array([1.0, 0.0]))
+    assert out[0, 2] == pytest.approx(3.0) and out[1, 2] == pytest.approx(1.5)
+    assert np.argmax(out[0]) == 2  # growing to 4 (2.0) no longer beats keeping 2
+    assert np.argmax(out[1]) == 4
+    assert out[0, 0] == 0.0  # preempted it is worth nothing: the others must gain 3.0
+    typed = np.stack([value, value], axis=1)  # (job, type, GPUs), both on type 1
+    out = restart_guard(typed, np.stack([np.array([1, 1]), cur]), np.array([1.0, 0.0]))
+    assert out[0, 1, 2] == pytest.approx(3.0) and out[0, 0, 2] == pytest.approx(1.5)
+
+
+def test_the_guards_apply_to_the_jobs_of_unknown_length_by_default() -> None:
+    jobs = (_job("unknown"), _job("known", length_known=True))
+    assert OnesPolicy().tails == "unknown"
+    assert list(guarded(jobs, "unknown")) == [True, False]
+    assert list(guarded(jobs, "all")) == [True, True]
+    assert not guarded(jobs, "none").any()
+    with pytest.raises(ValueError, match="tails must be one of"):
+        guarded(jobs, "some")
+
+
+def test_a_resize_of_a_job_of_unknown_length_is_charged_the_gpu_time_it_wastes() -> None:
+    """By default a running job of unknown length is charged, for a change, the value of
+    the GPU-seconds its restart idles (the running jobs' value per GPU, times the restart
+    cost, times the GPUs it idles, over the time the change lasts); a job of known length
+    is not (its estimate does not change as it runs)."""
+    policy = OnesPolicy(seed=0)
+    jobs = (_job("u", **RUN), _job("k", length_known=True, **RUN))
+    snap = Snapshot(now=0.0, node_gpus=(4, 4), jobs=jobs, restart_cost_s=25.0)
+    value = np.array([[0.0, 0.5, 0.8, 0.9, 1.0, 1.1], [0.0, 0.5, 0.8, 0.9, 1.0, 1.1]])
+    t = np.full(value.shape, 1000.0)
+    cur = np.array([4, 4])
+    out = policy.charge(value, t, cur, snap)
+    lam = (1.0 + 1.0) / 8  # the running jobs' value per GPU of the pool
+    assert out[0, 4] == 1.0 and out[1, 4] == 1.0  # keeping costs nothing
+    assert out[0, 5] == pytest.approx(1.1 - lam * 25.0 * 5 / 1000.0)
+    assert out[0, 2] == pytest.approx(0.8 - lam * 25.0 * 4 / 1000.0)  # its 4 GPUs idle
+    assert out[1] == pytest.approx(value[1])  # known length: not charged
+    assert OnesPolicy(tails="all").charge(value, t, cur, snap)[1, 5] < 1.1
+
+
+def test_a_job_behind_its_share_weighs_more() -> None:
+    jobs = (
+        _job("waited", submit_time=0.0),  # an hour in the pool, nothing served
+        _job("served", submit_time=0.0, attained_service=4 * 3600.0),  # its share: 4 GPUs
+        _job("known", submit_time=0.0, length_known=True),
+    )
+    snap = Snapshot(now=3600.0, node_gpus=(4, 4, 4), jobs=jobs)
+    mask = guarded(jobs, "unknown")
+    assert age_factor(snap, jobs, 3600.0, 1.0, mask) == pytest.approx([2.0, 1.0, 1.0])
+    assert age_factor(snap, jobs, 0.0, 1.0, mask) == pytest.approx([1.0, 1.0, 1.0])
