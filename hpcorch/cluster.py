@@ -229,6 +229,14 @@ class Cluster(Protocol):
     def calls(self) -> int:
         """Commands sent to the scheduler so far (Slurm calls on the Slurm side)."""
 
+    @property
+    def call_seconds(self) -> float:
+        """Seconds spent waiting for the scheduler's answers so far."""
+
+    def ping(self) -> None:
+        """Ask the scheduler whether it answers (one cheap request); raises
+        ``SlurmUnavailable`` when it does not."""
+
     def now(self) -> float: ...
     def observe(self) -> Observation: ...
     def start(self, slurm_id: int, shape: Shape) -> None:

@@ -17,6 +17,7 @@ from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import REQUEUE_WAIT_S, Settings
 from hpcorch.controller.store import StateError, Store
+from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
 from hpcorch.protocol import EXIT_STORAGE
@@ -41,6 +42,14 @@ class FakeCluster:
     shapes: list[Shape] = field(default_factory=list)
     down: set[str] = field(default_factory=set)
     calls: int = 0
+    call_seconds: float = 0.0
+    answers: bool = True
+    """Whether slurmctld answers (``ping``)."""
+
+    def ping(self) -> None:
+        self.calls += 1
+        if not self.answers:
+            raise SlurmUnavailable("Slurm is not reachable (scontrol: Socket timed out)")
 
     def add(self, job_id: int, lo: int, hi: int, held: bool = True) -> None:
         tags = {

@@ -103,6 +103,7 @@ class FillCluster:
     started: list[tuple[int, Shape]] = field(default_factory=list)
     plans: list[LaunchPlan] = field(default_factory=list)
     calls: int = 0
+    call_seconds: float = 0.0
 
     def now(self) -> float:
         return self.t

@@ -3,7 +3,8 @@ start does to the job (back to the queue, GPUs released, retried after a back-of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 
 from hpcorch.cluster import Cluster, Shape
 from hpcorch.controller.actions import Action
@@ -11,6 +12,7 @@ from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.logs import describe
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import printable
+from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 
 
@@ -35,7 +37,11 @@ class Executor:
         )
 
     def execute(self, rec: JobRecord, a: Action) -> str:
-        """Carry out ``a``; the decision's status ('done' or the error)."""
+        """Carry out ``a``; the decision's status ('done' or the error). Slurm not
+        answering (``SlurmUnavailable``) is raised: whether the action was done is not
+        known (slurmctld may carry out a request it never answered), so it is no failure
+        of the job's; the loop stops acting and reads the outcome from Slurm's next
+        answer."""
         try:
             if a.kind == "start":
                 assert a.shape is not None
@@ -63,6 +69,8 @@ class Executor:
             elif a.kind == "allow_requeue":
                 self.cluster.allow_requeue(rec.slurm_id)
             return "done"
+        except SlurmUnavailable:
+            raise
         except Exception as exc:
             msg = describe(exc)
             if a.kind == "start":
@@ -92,3 +100,52 @@ class Executor:
             )
         self.warn(f"job {rec.slurm_id}: {rec.reason}")
         # stored at the end of this cycle, with the decision's status
+
+
+def act(
+    executor: Executor,
+    config: LoopConfig,
+    intents: Sequence[tuple[JobRecord, Action, int]],
+    now: float,
+    t0: float,
+) -> tuple[list[tuple[int, str]], SlurmUnavailable | None]:
+    """Carry out the cycle's actions in order: the decisions' statuses, and Slurm not
+    answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
+    observation is older than ``stale_after_s``, or once Slurm does not answer, the
+    rest are not carried out: each job's record says what it waits for, and the next
+    cycle redoes it from what Slurm shows then (as after a restart)."""
+    starts = 0
+    done: list[tuple[int, str]] = []
+    unanswered: SlurmUnavailable | None = None
+    for rec, action, decision_id in intents:
+        why = ""
+        if unanswered is not None:
+            why = "not sent: Slurm did not answer"
+        elif action.kind == "start":
+            starts += 1
+            if starts > config.max_starts_per_cycle:
+                why = "deferred"
+        if not why and time.perf_counter() - t0 > config.stale_after_s:
+            why = "deferred: the pool's view is too old, planned again"
+        if why:
+            done.append((decision_id, why))
+            not_carried_out(rec, action, now)
+            continue
+        try:
+            done.append((decision_id, executor.execute(rec, action)))
+        except SlurmUnavailable as exc:
+            unanswered = exc
+            done.append((decision_id, f"unknown: Slurm did not answer ({describe(exc)})"))
+            not_carried_out(rec, action, now)
+    return done, unanswered
+
+
+def not_carried_out(rec: JobRecord, action: Action, now: float) -> None:
+    """An action that was not sent (or not answered) is asked for again: a start stays
+    in phase starting (redone while Slurm holds the job), a stop is signalled again; a
+    forced requeue and an end for a breach of the contract are forgotten, so that the
+    next cycle asks for them again rather than take them as done."""
+    if action.kind == "requeue_hold" and rec.forced_at == now:
+        rec.forced_at = 0.0
+    elif action.kind == "cancel" and rec.breach:
+        rec.breach = ""

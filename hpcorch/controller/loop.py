@@ -26,7 +26,7 @@ from hpcorch.cluster import Cluster, Observation
 from hpcorch.controller import adopt, availability, reconcile
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
-from hpcorch.controller.execute import Executor
+from hpcorch.controller.execute import Executor, act
 from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.lease import Lease
 from hpcorch.controller.logs import describe, log_info, log_warning
@@ -142,7 +142,7 @@ class Controller:
 
     def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
-        calls0 = self.cluster.calls
+        calls0, slurm_s0 = self.cluster.calls, self.cluster.call_seconds
         obs = self.cluster.observe()
         if self.lease is not None:
             self.lease.check(obs.leases)  # LeaseLost: another controller acts on the pool
@@ -208,15 +208,7 @@ class Controller:
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
             ]
-        starts = 0
-        done: list[tuple[int, str]] = []
-        for rec, action, decision_id in intents:
-            if action.kind == "start":
-                starts += 1
-                if starts > self.config.max_starts_per_cycle:
-                    done.append((decision_id, "deferred"))
-                    continue
-            done.append((decision_id, self.executor.execute(rec, action)))
+        done, unanswered = act(self.executor, self.config, intents, now, t0)
         stats = CycleStats(
             time=now,
             seconds=time.perf_counter() - t0,
@@ -224,6 +216,8 @@ class Controller:
             slurm_calls=self.cluster.calls - calls0,
             jobs=len(records),
             actions=len(intents),
+            full=full,
+            extra={"slurm_s": self.cluster.call_seconds - slurm_s0},
         )
         pool = json.dumps(
             [
@@ -240,7 +234,8 @@ class Controller:
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
         ends += "\n" + self.guard.foreign(obs)
-        self.guard.gpu_view(obs.nodes, records, now)
+        ending = {j.slurm_id for j in obs.jobs if j.state == "COMPLETING"}
+        self.guard.gpu_view(obs.nodes, records, now, ending)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
@@ -260,7 +255,30 @@ class Controller:
         self._flight = any(
             r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
         )
+        if unanswered is not None:
+            raise unanswered  # what was done is stored; the service waits for Slurm
         return stats
+
+    def excuse(self, seconds: float) -> int:
+        """Slurm did not answer for ``seconds``: the clocks of the transitions under way
+        (a launch pending or starting up, a stop's grace and signals) move on by that
+        much, so that nothing is judged late for time Slurm could not act in. The number
+        of jobs whose clocks moved."""
+        moved = 0
+        with self.store.transaction():
+            for rec in self.records.active():
+                if rec.phase in ("starting", "stopping") or (
+                    rec.phase == "running" and not rec.ready
+                ):
+                    rec.phase_since += seconds
+                    if rec.signalled_at > 0:
+                        rec.signalled_at += seconds
+                    if rec.forced_at > 0:
+                        rec.forced_at += seconds
+                    moved += 1
+            now = self.cluster.now()
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
+        return moved
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:

@@ -257,7 +257,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         if rec.moved:  # why it moved stays in view
             why += f": {rec.moved}"
         _set_phase(rec, "running", now, why)
-    if job.node_names:
+    if job.node_names and job.state != "COMPLETING":  # (completing: the nodes not done yet)
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)

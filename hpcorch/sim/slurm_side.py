@@ -118,6 +118,13 @@ class SimSlurm:
     def calls(self) -> int:
         return self._calls
 
+    @property
+    def call_seconds(self) -> float:
+        return 0.0  # the simulated Slurm answers at once
+
+    def ping(self) -> None:
+        self._calls += 1
+
     def now(self) -> float:
         return self.world.now
 

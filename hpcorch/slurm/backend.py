@@ -48,6 +48,16 @@ class SlurmBackend(Protocol):
         """Requests sent to Slurm so far (commands run or RPCs made)."""
         ...
 
+    @property
+    def seconds(self) -> float:
+        """Seconds spent waiting for Slurm's answers so far."""
+        ...
+
+    def ping(self) -> None:
+        """One cheap request (``scontrol ping``): ``SlurmUnavailable`` unless slurmctld
+        answers."""
+        ...
+
     # queries
     def version(self) -> SlurmVersion:
         """The release slurmctld runs (not the commands': they may be older)."""
@@ -157,6 +167,8 @@ class SlurmCLI:
         self.env = dict(os.environ if env is None else env)
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
+        self.seconds = 0.0
+        """Seconds spent in those commands."""
         self._nodes_argv = ["sinfo", "--json"]
         self._typed = True
         """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
@@ -172,6 +184,7 @@ class SlurmCLI:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
         check_slurm_conf(self.env)
         self.calls += 1
+        t0 = time.monotonic()
         try:
             proc = subprocess.run(
                 [exe, *argv[1:]],
@@ -184,9 +197,19 @@ class SlurmCLI:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
+            self.seconds += time.monotonic() - t0
+            if argv[:2] != ["scontrol", "ping"] and self._answers():
+                # slurmctld answers: the command itself waited (scancel retries a job in a
+                # transition for up to 95 s): this command failed, Slurm is not down
+                raise SlurmCommandError(
+                    f"{argv[0]} did not finish within {self.timeout:.0f} s (slurmctld "
+                    "answers: the command kept waiting)"
+                ) from exc
             raise SlurmUnavailable(
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
+        else:
+            self.seconds += time.monotonic() - t0
         if proc.returncode != 0:
             msg = (
                 _first_error_line(proc.stderr)
@@ -206,6 +229,18 @@ class SlurmCLI:
             raise SlurmCommandError(f"{argv[0]} --json printed no valid JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise SlurmCommandError(f"{argv[0]} --json printed {type(doc).__name__}, not object")
+        errors = doc.get("errors")
+        if isinstance(errors, list) and errors:
+            # Slurm 22.05's squeue and sinfo exit 0 with an empty list and this when
+            # slurmctld does not answer: never "no jobs" (every job would look gone)
+            first = errors[0] if isinstance(errors[0], dict) else {}
+            what = ": ".join(
+                str(first[k]) for k in ("source", "description", "error") if first.get(k)
+            )
+            raise SlurmUnavailable(
+                f"Slurm is not reachable ({argv[0]} --json answered with an error instead "
+                f"of its list: {what or 'no detail'})"
+            )
         return doc
 
     # --- queries ------------------------------------------------------------------------
@@ -287,6 +322,14 @@ class SlurmCLI:
     def reservation_nodes(self, name: str) -> list[str]:
         nodes = self.reservation(name).nodes
         return expand_nodelist(nodes) if nodes else []
+
+    def _answers(self) -> bool:
+        """Whether slurmctld answers one ping (after a command ran out of time)."""
+        try:
+            self.ping()
+        except (SlurmUnavailable, SlurmCommandError):
+            return False
+        return True
 
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""

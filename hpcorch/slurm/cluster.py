@@ -88,6 +88,13 @@ class SlurmCluster:
     def calls(self) -> int:
         return self.backend.calls
 
+    @property
+    def call_seconds(self) -> float:
+        return self.backend.seconds
+
+    def ping(self) -> None:
+        self.backend.ping()
+
     def now(self) -> float:
         return time.time()
 

@@ -54,6 +54,7 @@ class PySlurmBackend:
         self.pyslurm: Any = module if module is not None else importlib.import_module("pyslurm")
         self.cli = cli or SlurmCLI()
         self._rpcs = 0
+        self._seconds = 0.0
         self._loaded_jobs: list[Any] = []
         self._jobs_loaded_at = -1e18
 
@@ -70,12 +71,21 @@ class PySlurmBackend:
         """RPCs made through pyslurm plus Slurm commands run."""
         return self._rpcs + self.cli.calls
 
+    @property
+    def seconds(self) -> float:
+        """Seconds spent waiting for pyslurm's RPCs and Slurm's commands."""
+        return self._seconds + self.cli.seconds
+
+    def ping(self) -> None:
+        self.cli.ping()  # scontrol ping: one REQUEST_PING, as with the commands
+
     def _rpc(self, what: str, fn: Callable[[], T]) -> T:
         self._rpcs += 1
         rpc_error = getattr(self.pyslurm, "RPCError", None)
         errors: tuple[type[BaseException], ...] = (ValueError,)
         if isinstance(rpc_error, type) and issubclass(rpc_error, BaseException):
             errors = (rpc_error, ValueError)
+        t0 = time.monotonic()
         try:
             return fn()
         except errors as exc:
@@ -84,6 +94,8 @@ class PySlurmBackend:
             if _unreachable(msg):
                 raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
             raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
+        finally:
+            self._seconds += time.monotonic() - t0
 
     @staticmethod
     def _values(collection: Any) -> list[Any]:
