@@ -174,6 +174,7 @@ class Controller:
             if rec.phase == "queued" and 0 < rec.retry_at <= now:
                 rec.retry_at = 0.0  # its back-off is over: schedule it again
                 changed = True
+        pending += self._replan_blocked(records, obs, now)
         self._account(records, now)
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
@@ -279,6 +280,29 @@ class Controller:
             now = self.cluster.now()
             self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
         return moved
+
+    def _replan_blocked(
+        self, records: Sequence[JobRecord], obs: Observation, now: float
+    ) -> list[tuple[JobRecord, Action]]:
+        """Starts whose planned GPUs running jobs hold (Slurm placed one of those otherwise
+        than planned): held if Slurm has them pending, and planned afresh."""
+        try:
+            blocked = reconcile.blocked_starts(records, obs.nodes)
+        except Exception as exc:
+            self.warn(f"starts not checked against what runs this cycle: {describe(exc)}")
+            return []
+        held = {j.slurm_id for j in obs.jobs if j.held}
+        out: list[tuple[JobRecord, Action]] = []
+        for rec in records:
+            why = blocked.get(rec.slurm_id)
+            if why is None:
+                continue
+            o = reconcile.Outcome()
+            reconcile.queue_again(rec, now, o, "hold", why, self.config.settings.start_backoff_s)
+            self._events(rec, [f"replan: {why}"])
+            if rec.slurm_id not in held:
+                out += [(rec, a) for a in o.actions]
+        return out
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
@@ -391,15 +415,21 @@ class Controller:
         claims: Mapping[int, Mapping[str, int]],
     ) -> bool:
         """A start that must wait (reconcile.start_wait) stays held in phase starting;
-        it is tried again every cycle."""
+        it is tried again every cycle, and planned afresh once it has waited as long as
+        Slurm may keep a released launch pending (``launch_pending_s``)."""
         if a.kind != "start" or a.shape is None:
             return False
+        s = self.config.settings
         try:
-            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
+            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, s, claims)
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True
-        if why:
+        if why and now - rec.phase_since >= s.launch_pending_s:
+            again = f"its start waited {now - rec.phase_since:.0f} s ({why}): planned again"
+            reconcile.queue_again(rec, now, reconcile.Outcome(), "hold", again, s.start_backoff_s)
+            self._events(rec, [f"replan: {again}"])  # (held all along: nothing to ask Slurm)
+        elif why:
             rec.reason = why
         return bool(why)
 

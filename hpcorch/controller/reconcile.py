@@ -48,7 +48,13 @@ from hpcorch.controller.ends import (
     queue_again,
     timeout,
 )
-from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
+from hpcorch.controller.shapes import (
+    blocked_starts,
+    launch_wait,
+    start_claims,
+    start_wait,
+    target_shape,
+)
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.waiting import silent
 from hpcorch.gputypes import type_of_nodes
@@ -60,10 +66,12 @@ __all__ = [
     "Action",
     "Outcome",
     "Settings",
+    "blocked_starts",
     "can_stop",
     "decide",
     "launch_wait",
     "observe",
+    "queue_again",
     "start_claims",
     "start_wait",
     "target_shape",
