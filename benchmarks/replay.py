@@ -29,7 +29,6 @@ real run (``--picture``), and prints the comparison table. Needs root (users, se
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import json
 import os
@@ -39,6 +38,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,8 +53,12 @@ from hpcorch.sim.workload import WorkloadJob, load_workload  # noqa: E402
 
 POOL = REPO / "slurm" / "pool"
 JOB = REPO / "benchmarks" / "emulated_job.py"
-USER_PYTHON = "/usr/bin/python3"
-TORCH_LAZY = ("sympy", "mpmath", "networkx", "jinja2", "markupsafe", "filelock", "fsspec")
+INSTALL = REPO / "slurm" / "install-site"
+SITE = f"/var/cache/hpcorch/test-site-{zlib.crc32(str(REPO).encode()):08x}"
+"""The users' installation by default: the one the integration tests use
+(tests/integration/users.py), which passes it with --site."""
+SITE_OPTIONS = ("--with-torch", "--extras", "prometheus,sim", "--state-dir", "none")
+"""As tests/integration/users.py installs it (the same options: no reinstall between them)."""
 NODES, GPUS, CPUS = 4, 4, 8
 TARGETS = {"avg_jct": 0.15, "restarts_per_job": 0.20}
 """Largest relative difference of real from simulated allowed (issue 24)."""
@@ -120,48 +124,17 @@ def ensure_user(name: str) -> None:
         )
 
 
-def user_site(dst: Path) -> Path:
-    """A world-readable copy (hard links where it can) of the packages the jobs import, for
-    the users' own Python (/usr/bin/python3): this interpreter's may sit where they cannot
-    read (a virtual environment over a private installation); and of hpcorch, the job
-    wrapper and the emulated job, which the users run from there."""
-    import click  # noqa: F401
-    import numpy  # noqa: F401
-    import scipy.interpolate  # noqa: F401
-    import torch  # noqa: F401
-
-    for extra in TORCH_LAZY:  # what torch imports only when a feature is used
-        with contextlib.suppress(ImportError):
-            __import__(extra)
-    tops: set[Path] = set()
-    for mod in list(sys.modules.values()):
-        f = getattr(mod, "__file__", None)
-        if not f or "-packages" not in f:
-            continue
-        path = Path(f).resolve()
-        for parent in path.parents:
-            if parent.name.endswith("-packages"):
-                top = path.relative_to(parent).parts[0]
-                tops.add(parent / top)
-                for libs in parent.glob(f"{top}.libs"):
-                    tops.add(libs)
-                break
-    subprocess.run(["rm", "-rf", str(dst)], check=True)
-    dst.mkdir(parents=True)
-    for src in sorted(tops):
-        if src.name == "hpcorch" or "hpcorch" in src.name or src.name == "_distutils_hack":
-            continue
-        copied = subprocess.run(["cp", "-al", str(src), str(dst)], capture_output=True)
-        if copied.returncode != 0:
-            subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
-    # hpcorch itself (with the profiles), the job wrapper and the emulated job: a checkout
-    # the users may not be able to read (CI's, a home directory) is never on their path
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(REPO / "hpcorch", dst / "hpcorch", ignore=ignore)
-    shutil.copytree(REPO / "jobscripts", dst / "jobscripts", ignore=ignore)
-    shutil.copy2(JOB, dst / JOB.name)
-    subprocess.run(["chmod", "-R", "a+rX", str(dst)], check=True)
-    return dst
+def user_site(prefix: Path, work: Path) -> Path:
+    """hpcorch as a site installs it for every user (slurm/install-site PREFIX, with torch for
+    the jobs and the simulator's traces they sleep by; quick when it is up to date), and the
+    emulated job copied where the users can read it (a checkout in a home directory or CI's
+    may not be); the job's path."""
+    argv = [str(INSTALL), str(prefix), *SITE_OPTIONS, "--quiet"]
+    subprocess.run(argv, check=True)
+    job = work / JOB.name
+    shutil.copy2(JOB, job)
+    job.chmod(0o644)
+    return job
 
 
 def submit(
@@ -169,7 +142,8 @@ def submit(
     user: str,
     home: Path,
     spool: Path,
-    site: Path,
+    prefix: Path,
+    script: Path,
     res: str,
     job: WorkloadJob,
     scale: float,
@@ -178,10 +152,9 @@ def submit(
     apps = load_apps()
     app = apps[job.application].scaled(scale)
     cap = min(NODES * GPUS, app.max_batch // app.min_micro)
-    py = USER_PYTHON
+    py = str(prefix / "bin" / "python")
     user_env = {
         "PATH": env["PATH"],
-        "PYTHONPATH": str(site),
         "SLURM_CONF": env["SLURM_CONF"],
         "HOME": str(home),
         "HPCORCH_HOME": str(home),
@@ -199,7 +172,7 @@ def submit(
         "--max-per-gpu-batch", str(app.max_micro), "--app", job.application,
         "--epochs", str(app.epochs),
         "--dataset-size", str(max(1, round(app.progress_per_epoch_hint * app.init_batch))),
-        "--parsable", str(site / JOB.name), "--app", job.application,
+        "--parsable", str(script), "--app", job.application,
         "--time-scale", f"{scale:g}",
     ]  # fmt: skip
     out = subprocess.run(argv, capture_output=True, text=True, check=False, cwd=str(home))
@@ -260,7 +233,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(["rm", "-rf", str(homes[u])], check=True)
         homes[u].mkdir(mode=0o700)
         subprocess.run(["chown", f"{u}:{u}", str(homes[u])], check=True)
-    site = user_site(work / "site")
+    prefix = Path(args.site)
+    script = user_site(prefix, work)
     spool = work / "spool"
     ctl = work / "controller"
     subprocess.run(["rm", "-rf", str(spool), str(ctl)], check=True)
@@ -294,7 +268,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             while todo and t0 + todo[0].time <= now:
                 j = todo.pop(0)
                 u = owner[j.application]
-                sid = submit(env, u, homes[u], spool, site, res, j, args.time_scale)
+                sid = submit(env, u, homes[u], spool, prefix, script, res, j, args.time_scale)
                 submitted.append(Submitted(j, u, sid, time.time()))
             ids = {s.slurm_id for s in submitted}
             watch.poll(env, ids)
@@ -451,6 +425,12 @@ def main() -> None:
     p.add_argument("--pool-dir", default=str(REPO / ".run" / "replay-pool"))
     p.add_argument("--port-base", type=int, default=18900)
     p.add_argument("--work", default=str(REPO / ".run" / "replay"))
+    p.add_argument(
+        "--site",
+        default=SITE,
+        help="where slurm/install-site installs hpcorch for the users (every user must "
+        "reach it) [%(default)s]",
+    )
     p.add_argument("--reservation", default="replay")
     p.add_argument("--users", default="hpcorch-alice,hpcorch-bob")
     p.add_argument("--timeout", type=float, default=3600.0)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hpcorch.limits import LimitBook
 from hpcorch.planner import LaunchPlan
 
 ENDED_STATES = frozenset(
@@ -141,6 +142,20 @@ class Window:
 LEASE_TAG = "hpcorch-lease:"
 """The comment prefix of the placeholder job that holds the pool's lease (one controller
 acts on a pool: hpcorch/controller/lease.py)."""
+LEASE_NAME = "hpcorch-lease"
+"""The lease job's name: it is in the pool's reservation, or (where the reservation does
+not admit the controller's account) outside it, its comment naming the pool (``pool=``)."""
+
+
+def lease_pool(comment: str) -> str:
+    """The pool a lease comment names (``pool=NAME``), "" if none."""
+    if not comment.startswith(LEASE_TAG):
+        return ""
+    for item in comment[len(LEASE_TAG) :].split(","):
+        key, _, value = item.partition("=")
+        if key == "pool":
+            return value
+    return ""
 
 
 @dataclass(frozen=True)
@@ -170,6 +185,8 @@ class Observation:
     """The pool's lease jobs (which controller may act on it)."""
     windows: tuple[Window, ...] = ()
     """Other reservations on the pool's nodes that have not ended (maintenance windows)."""
+    limits: LimitBook = field(default_factory=LimitBook)
+    """The scheduler's limits on the pool's jobs (:mod:`hpcorch.limits`); empty: none."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +208,9 @@ class Shape:
     """The GPU type the launch requests (``--gres=gpu:<type>:N``; "": any)."""
     time_limit_min: int = 0
     """The launch's time limit in minutes (-1: none; 0: as the job has it): cut to end
-    before a window on its nodes starts (hpcorch/controller/availability.py)."""
+    before a window on its nodes starts (hpcorch/controller/availability.py), and within
+    the scheduler's limits (``MaxWall``, a partition's ``MaxTime``) where the job's own is
+    longer."""
 
     @property
     def gpus(self) -> int:

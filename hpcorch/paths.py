@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 from hpcorch.errors import HpcorchError
@@ -43,11 +44,12 @@ def jobs_dir() -> Path:
 
 
 def wrapper_path() -> Path:
-    """The job wrapper: $HPCORCH_WRAPPER, else jobscripts/ of this checkout."""
+    """The job wrapper: $HPCORCH_WRAPPER, else jobscripts/ of this checkout, else the one
+    slurm/install-site put beside this installation (<prefix>/share/hpcorch/jobscripts)."""
     env = os.environ.get("HPCORCH_WRAPPER")
-    path = (
-        Path(env) if env else Path(__file__).resolve().parent.parent / "jobscripts" / WRAPPER_NAME
-    )
+    checkout = Path(__file__).resolve().parent.parent / "jobscripts" / WRAPPER_NAME
+    installed = Path(sys.prefix) / "share" / "hpcorch" / "jobscripts" / WRAPPER_NAME
+    path = Path(env) if env else checkout if checkout.is_file() else installed
     if not path.is_file():
         raise HpcorchError(
             f"job wrapper not found at {path}: set HPCORCH_WRAPPER to jobscripts/{WRAPPER_NAME}"

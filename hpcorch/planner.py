@@ -167,6 +167,9 @@ class LaunchPlan:
     placement: tuple[tuple[str, int], ...] = ()
     """(node, GPUs) in rank order, as the controller asked Slurm for them: the job wrapper
     lays the ranks out in this order when the allocation matches (empty: Slurm's order)."""
+    trained_step: int = 0
+    """The furthest step earlier launches of the job reported (0: none): a launch that
+    finds no checkpoint to resume from says in the job's log that their work is lost."""
 
     def batch_plan(self) -> BatchPlan:
         return plan_batch(self.global_batch, self.gpus, self.max_micro_batch)
@@ -177,6 +180,8 @@ class LaunchPlan:
             del doc["placement"]  # plan files without a placement read as before
         else:
             doc["placement"] = [[n, c] for n, c in self.placement]
+        if not self.trained_step:
+            del doc["trained_step"]
         return json.dumps(doc, sort_keys=True)
 
     @classmethod
@@ -199,7 +204,7 @@ class LaunchPlan:
         for name in ("global_batch", "gpus", "max_micro_batch"):
             if name not in raw:
                 raise PlanFileError(f"{source} lacks the field {name!r}")
-        for name in ("global_batch", "gpus", "max_micro_batch", "launch"):
+        for name in ("global_batch", "gpus", "max_micro_batch", "launch", "trained_step"):
             value = raw.get(name, 0)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise PlanFileError(f"{source}: {name} must be a non-negative integer")

@@ -49,6 +49,9 @@ CHECKPOINT_SIGNAL = "USR2"
 """Default signal that asks a job to checkpoint at its next step boundary and exit.
 
 NCCL uses SIGUSR1 internally, so hpcorch uses SIGUSR2."""
+SIGNAL_LEAD_S = 120
+"""How long before a launch's time limit Slurm sends it the checkpoint signal
+(``--signal=B:USR2@120`` in the batch script hpcorch renders)."""
 
 # --- environment variables set by the job wrapper -------------------------------------
 ENV_JOB_DIR = "HPCORCH_JOB_DIR"

@@ -9,7 +9,7 @@ import secrets
 import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from hpcorch.gputypes import unknown_types
 from hpcorch.paths import jobs_dir, spool_dir, wrapper_path
 from hpcorch.protocol import BATCH_SCRIPT_FILE, DEFAULT_MAX_RELAUNCHES, JOB_SPEC_FILE
 from hpcorch.slurm.backend import SlurmBackend
+from hpcorch.slurm.limit_check import check_limits
 from hpcorch.slurm.options import SlurmOptions
 from hpcorch.slurm.parse import SlurmNode
 from hpcorch.slurm.script import (
@@ -29,10 +30,13 @@ from hpcorch.slurm.script import (
 )
 
 RUNTIME_IMPORT = re.compile(
-    r"^\s*(import\s+hpcorch\.runtime\b|from\s+hpcorch\.runtime\b|"
-    r"from\s+hpcorch\s+import\s+[^#\n]*\bruntime\b)",
+    r"^\s*(import\s+hpcorch\.(runtime|integrations)\b|"
+    r"from\s+hpcorch\.(runtime|integrations)\b|"
+    r"from\s+hpcorch\s+import\s+[^#\n]*\b(runtime|integrations)\b)",
     re.MULTILINE,
 )
+"""A script that imports hpcorch's runtime, or a training library's integration (which
+speaks the runtime's protocol), runs managed."""
 MODES = ("auto", "managed", "sidecar")
 
 
@@ -55,7 +59,8 @@ class SubmitRequest:
     """The controller's pool (a Slurm reservation): the job is held for the controller."""
     app: str | None = None
     mode: str = "auto"
-    """auto (by whether the script imports hpcorch.runtime), managed or sidecar."""
+    """auto (by whether the script imports hpcorch.runtime or an integration), managed or
+    sidecar."""
     sidecar: SidecarSpec | None = None
     """The user's sidecar options, if any were given."""
     options: SlurmOptions = field(default_factory=SlurmOptions)
@@ -139,7 +144,7 @@ def resolve_partition(backend: SlurmBackend, wanted: str | None) -> str:
 
 
 def detect_mode(script: str | os.PathLike[str]) -> str:
-    """managed if the script imports hpcorch's runtime, else sidecar."""
+    """managed if the script imports hpcorch's runtime or an integration, else sidecar."""
     try:
         with open(script, encoding="utf-8", errors="replace") as fh:
             text = fh.read(1 << 20)
@@ -222,9 +227,12 @@ def submit(
     backend: SlurmBackend,
     dry_run: bool = False,
     files: Mapping[str, bytes] | None = None,
+    note: Callable[[str], None] | None = None,
 ) -> SubmitResult:
     """Submit ``req`` (into its pool, or straight to Slurm at its minimum GPU count).
-    ``files``: more files for the job directory (name -> content), written before sbatch."""
+    ``files``: more files for the job directory (name -> content), written before sbatch.
+    A job Slurm's limits never let run is refused (:mod:`hpcorch.slurm.limit_check`);
+    ``note``: where what the limits change of it is said (default: stderr)."""
     partition = resolve_partition(backend, req.partition)
     only = None
     if req.pool is not None:
@@ -238,6 +246,11 @@ def submit(
     # without symbolic links: the controller reads the job's metrics only through plain paths
     job_dir = jobs_dir().resolve() / job_key
     spec = build_spec(req, shape, job_key, job_dir)
+    check_limits(
+        backend, req.min_gpus, shape.gpus_per_node, spec.cpus_per_gpu, shape.partition,
+        req.options.account, req.options.qos, req.time_limit, req.pool is not None,
+        note or _stderr,
+    )  # fmt: skip
     try:
         text = render_batch_script(spec)
     except SpecError as exc:
@@ -265,6 +278,10 @@ def submit(
     record["slurm_id"] = slurm_id
     _write_json(job_dir / JOB_SPEC_FILE, record)
     return SubmitResult(job_key, text, job_dir, slurm_id)
+
+
+def _stderr(line: str) -> None:
+    print(f"hpcorch submit: {line}", file=sys.stderr)
 
 
 def _write_json(path: Path, doc: object) -> None:

@@ -146,3 +146,30 @@ def test_a_window_closes_its_nodes_to_launches_too_short_to_pay(tmp_path: Path) 
     assert f["n2"].close_at <= c.t < f["n2"].leave_at
     ctl.cycle()
     assert c.shapes[-1].node_names == ("n1",) and c.shapes[-1].gpus == 4
+
+
+def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool: the job's pre-limit signal (Slurm's --signal, 120 s before the cut
+    limit) came before the controller moved it; it checkpointed "on its own", was
+    relaunched on the same nodes with a limit cut again, and ended after --max-relaunches.
+    Such a checkpoint is the window's doing: the job is planned again off the window's
+    nodes, and its relaunches are not counted."""
+    c = Site()
+    start = c.t + 3600
+    c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, min_run_s=60)
+    ctl.cycle()
+    assert c.shapes[-1].node_names == ("n1", "n2") and c.shapes[-1].time_limit_min > 0
+    c.report(1, started(), steps(10))
+    ctl.cycle()
+    c.t = start - lead_s(ctl.config.settings) - 30  # before the move: Slurm's signal
+    # before the cut limit (a job whose own --signal lead is longer than hpcorch's)
+    c.set(1, state="FAILED", exit_code=75)
+    for _ in range(3):
+        ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.node_names == ("n1",), c.jobs[1].job
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.time_relaunches == 0 and "moved off n2" in rec.reason

@@ -179,6 +179,7 @@ def test_a_launch_that_starts_from_step_0_after_training_says_so(tmp_path: Path)
     c.t += 10
     ctl.cycle()
     assert c.state(1) == "RUNNING"
+    assert c.plans[1].trained_step == 120  # the relaunch's plan: its runtime says it too
     c.report(1, started(step=0))
     ctl.cycle()
     rec = ctl.store.job(1)

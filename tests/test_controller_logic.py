@@ -94,7 +94,8 @@ class FakeCluster:
                 for n in fj.job.node_names:
                     used[int(n[1:]) - 1] += fj.job.gpus_per_node
         nodes = tuple(
-            PoolNode(f"n{i + 1}", self.gpus_per_node, used[i], True) for i in range(self.nodes)
+            PoolNode(f"n{i + 1}", self.gpus_per_node, used[i], f"n{i + 1}" not in self.down)
+            for i in range(self.nodes)
         )
         return Observation(self.t, nodes, tuple(fj.job for fj in self.jobs.values()))
 
@@ -403,7 +404,9 @@ def test_relaunch_waits_for_the_second_after_the_end_was_seen(tmp_path: Path) ->
     assert mine[-2:] == [("requeue_hold", 1), ("start", 1)]
 
 
-def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path) -> None:
+def test_a_job_requeued_after_a_node_failure_is_planned_again_on_the_nodes_in_service(
+    tmp_path: Path,
+) -> None:
     c = FakeCluster()
     c.add(1, 2, 2)
     ctl = controller(tmp_path, c)
@@ -418,8 +421,9 @@ def test_a_job_requeued_after_a_node_failure_may_restart_anywhere(tmp_path: Path
     assert c.log == [("start", 1)]
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
     c.t += REQUEUE_WAIT_S
+    ctl.cycle()  # held and planned again, on the nodes in service
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and c.shapes[-1] == Shape(1, 2)  # no node list
+    assert c.log[-2:] == [("hold", 1), ("start", 1)] and c.shapes[-1].node_names == ("n2",)
     ctl.cycle()
     assert c.log.count(("start", 1)) == 2  # started once
 
@@ -454,8 +458,8 @@ def test_a_job_requeued_by_slurm_is_left_to_slurm_while_its_node_may_return(
 def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     tmp_path: Path,
 ) -> None:
-    """Slurm requeues a job being stopped for a resize (its node died): it is restarted
-    without the node list that names the dead node, not left pending for good."""
+    """Slurm requeues a job being stopped for a resize (its node died): it is planned again
+    away from the dead node, not left pending for good."""
     c = FakeCluster()
     c.add(1, 2, 2)
     ctl = controller(tmp_path, c)
@@ -471,7 +475,8 @@ def test_a_node_failure_while_a_resize_stops_the_job_restarts_it_anywhere(
     assert "requeued by Slurm" in ctl.store.job(1).reason  # type: ignore[union-attr]
     c.t += REQUEUE_WAIT_S
     ctl.cycle()
-    assert c.log[-1] == ("start", 1) and not c.shapes[-1].node_names
+    ctl.cycle()
+    assert c.log[-2:] == [("hold", 1), ("start", 1)] and "n1" not in c.shapes[-1].node_names
 
 
 def test_a_relaunch_by_slurm_between_two_cycles_is_noticed(tmp_path: Path) -> None:

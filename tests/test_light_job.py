@@ -30,7 +30,8 @@ def test_the_profile_gives_the_simulators_gains_and_measured_step_times() -> Non
         a = app.scaled(0.05)
         prof = Profile(json.loads(json.dumps(make_profile(a))))
         assert prof.epoch_end == pytest.approx(list(a.epoch_end), rel=1e-12)
-        assert (prof.init_batch, prof.max_batch, prof.epochs) == (a.init_batch, a.max_batch, a.epochs)
+        want_bounds = (a.init_batch, a.max_batch, a.epochs)
+        assert (prof.init_batch, prof.max_batch, prof.epochs) == want_bounds
         for _ in range(200):
             b, e = rng.randint(a.init_batch, a.max_batch), rng.randint(0, a.epochs - 1)
             assert prof.gain(b, e) == pytest.approx(a.gain(b, e), rel=1e-12), (name, b, e)

@@ -39,8 +39,15 @@ def the_pool(k_phase: str = "running") -> list[JobRecord]:
     return [
         rec(71, "starting", target_gpus=11, target_placement=json.dumps({5: 8, 1: 3})),
         rec(75, "running", gpus=1, nodes=1, node_list="n2", node_gpus="1"),
-        rec(82, k_phase, gpus=9, nodes=2, node_list="n2,n8", node_gpus="7,2",
-            target_gpus=9 if k_phase == "running" else 4),  # fmt: skip
+        rec(
+            82,
+            k_phase,
+            gpus=9,
+            nodes=2,
+            node_list="n2,n8",
+            node_gpus="7,2",
+            target_gpus=9 if k_phase == "running" else 4,
+        ),
         rec(90, "queued"),
     ]
 

@@ -179,3 +179,43 @@ def test_the_pool_shows_a_type_column_only_for_typed_gpus() -> None:
     lines = typed.splitlines()
     assert lines[1].split() == ["NODE", "STATE", "TYPE", "GPUS", "BUSY"]
     assert [ln.split()[2] for ln in lines[2:]] == ["a100", "v100", "-"]
+
+
+def test_a_node_being_emptied_says_why_a_failed_one_does_not() -> None:
+    """Issue 33: a drained node and one whose reboot waits (scontrol reboot ASAP, as 22.05
+    reports it: state idle, flags DRAIN and REBOOT_REQUESTED) are being left, with the
+    admin's reason; a node that is down is not (Slurm requeues its jobs itself)."""
+    nodes = parse_nodes(
+        {
+            "nodes": [
+                {"name": "n1", "state": "mixed", "state_flags": ["DRAIN"], "reason": "repair"},
+                {"name": "n2", "state": "idle", "state_flags": ["DRAIN", "REBOOT_REQUESTED"],
+                 "reason": "kernel"},
+                {"name": "n3", "state": "down", "state_flags": ["DRAIN", "REBOOT_ISSUED"]},
+                {"name": "n4", "state": "mixed", "state_flags": []},
+                {"name": "n5", "state": ["IDLE", "DRAIN"], "reason": "x\x1b[2Jy"},
+            ]
+        }
+    )  # fmt: skip
+    why = {n.name: n.leaving for n in nodes}
+    assert why["n1"] == "drained by an admin (Reason=repair)"
+    assert why["n2"] == "a reboot is pending (Reason=kernel)"
+    assert why["n3"] == "" and why["n4"] == ""
+    assert why["n5"] == "drained by an admin (Reason=x?[2Jy)"  # no terminal escapes
+    assert not any(n.usable for n in nodes if n.name != "n4")
+
+
+def test_a_jobs_batch_and_requeue_flags() -> None:
+    """Issue 34: an interactive allocation (batch_flag false) and Requeue=0 (requeue false)
+    are read from every release's JSON; absent, a job counts as a requeueable batch job."""
+    doc = {
+        "jobs": [
+            {"job_id": 1, "job_state": "PENDING", "batch_flag": False, "requeue": True},
+            {"job_id": 2, "job_state": ["RUNNING"], "batch_flag": True, "requeue": False},
+            {"job_id": 3, "job_state": "PENDING"},
+        ]
+    }
+    jobs = {j.job_id: j for j in parse_squeue(doc)}
+    assert (jobs[1].batch, jobs[1].requeue) == (False, True)
+    assert (jobs[2].batch, jobs[2].requeue) == (True, False)
+    assert (jobs[3].batch, jobs[3].requeue) == (True, True)

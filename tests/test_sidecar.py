@@ -133,6 +133,13 @@ def test_detect_mode(tmp_path: Path) -> None:
     assert detect_mode(other) == "managed"
     other.write_text("# import hpcorch.runtime is only mentioned here\nimport torch\n")
     assert detect_mode(other) == "sidecar"
+    # a training library's integration speaks the runtime's protocol: managed too
+    assert detect_mode(REPO / "examples" / "train_transformers.py") == "managed"
+    assert detect_mode(REPO / "examples" / "train_lightning_elastic.py") == "managed"
+    for line in ("from hpcorch.integrations.lightning import Elastic",
+                 "from hpcorch.integrations import transformers as hpt"):  # fmt: skip
+        other.write_text(line + "\n")
+        assert detect_mode(other) == "managed", line
 
 
 # --- the split of fixed and unpredictable jobs ----------------------------------------------
@@ -454,3 +461,38 @@ def test_sidecar_never_reports_success_after_a_node_failure(tmp_path: Path, lose
     assert done.returncode == EXIT_LAUNCH_LOST, done.stderr
     assert "training finished" not in done.stderr and "requeue" not in done.stderr
     assert "launch 1 lost a node or a rank (srun reported a node failure)" in done.stderr
+
+
+BAR = """\
+import sys, time
+for step in range(1, 301):
+    sys.stderr.write(f"\\r{step * 100 // 300:3d}%|####| {step}/300 [00:01<00:02, 50.0it/s]")
+    sys.stderr.flush()
+    time.sleep(0.02)
+sys.stderr.write("\\n")
+"""
+
+
+def test_a_progress_bar_that_rewrites_its_line_is_read_as_it_moves(tmp_path: Path) -> None:
+    """tqdm (the Hugging Face Trainer's bar, Lightning's) rewrites one line with ``\\r``
+    and ends it only when it closes: the sidecar reads each update, not the last alone."""
+    script = tmp_path / "bar.py"
+    script.write_text(BAR)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCORCH_"))} | {
+        "HPCORCH_JOB_DIR": str(tmp_path / "job"),
+        "HPCORCH_PROGRESS_REGEX": r"(\d+)/(\d+) \[",
+        "HPCORCH_METRICS_INTERVAL": "0.2",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpcorch.sidecar", "0", sys.executable, str(script)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        _wait_steps(tmp_path)
+        assert proc.poll() is None  # reported while the bar still moves
+    finally:
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert b"300/300 [" in err  # passed through as it was written
+    steps = [e for e in _events(tmp_path) if e["event"] == "steps"]
+    assert len(steps) >= 3 and steps[-1]["step"] == 300, steps

@@ -615,3 +615,56 @@ def test_pyslurm_submit(pyslurm_module: types.ModuleType) -> None:
     assert backend.submit(GOLDEN.read_text()) == 99
     ((what, kw),) = pyslurm_module.log  # type: ignore[attr-defined]
     assert what == "submit" and kw["name"] == "train" and kw["signal"] == "B:SIGUSR2@120"
+
+
+class LeaseCLI(RecordingCLI):
+    """sbatch refuses the pool's reservation (a site's reservation for its users only)."""
+
+    def run(self, argv: Sequence[str], stdin: str | None = None, **kw: Any) -> str:
+        if argv[0] == "sbatch":
+            self.argv.append(list(argv))
+            if "--reservation=pool" in argv:
+                raise SlurmCommandError(
+                    "sbatch failed: sbatch: error: Batch job submission failed: "
+                    "Access denied to requested reservation"
+                )
+            return "41\n"
+        return super().run(argv, stdin)
+
+
+def test_a_lease_job_the_reservation_refuses_is_placed_outside_it_naming_the_pool() -> None:
+    cli = LeaseCLI()
+    cluster = SlurmCluster("pool", backend=cli)
+    cluster._partition = "gpu"  # the pool nodes' partition, as read
+    assert cluster.create_lease("hpcorch-lease:owner=h:1,token=ab,seq=1,beat=0") == 41
+    first, second = cli.argv
+    assert "--reservation=pool" in first and not any("reservation" in a for a in second)
+    assert "--comment=hpcorch-lease:owner=h:1,token=ab,seq=1,beat=0,pool=pool" in second
+    assert "--partition=gpu" in second and "--hold" in second
+    cli.argv.clear()
+    cluster.create_lease("hpcorch-lease:owner=h:1,token=ab,seq=2,beat=0")  # remembered
+    assert len(cli.argv) == 1 and not any("reservation" in a for a in cli.argv[0])
+    cluster.write_lease(41, "hpcorch-lease:owner=h:1,token=ab,seq=3,beat=0")
+    assert cli.argv[-1][-1].endswith(",seq=3,beat=0,pool=pool")
+
+
+def test_lease_jobs_outside_the_reservation_count_only_for_the_pool_they_name() -> None:
+    def job(job_id: int, resv: str, comment: str, name: str = "hpcorch-lease") -> dict[str, Any]:
+        return {"job_id": job_id, "resv_name": resv, "comment": comment, "name": name,
+                "job_state": "PENDING", "user_id": 990}  # fmt: skip
+
+    note = "hpcorch-lease:owner=h:1,token=ab,seq=1,beat=0"
+    doc = {
+        "jobs": [
+            job(1, "pool", note),
+            job(2, "", note + ",pool=pool"),
+            job(3, "", note + ",pool=other"),
+            job(4, "", note + ",pool=pool", name="not-a-lease"),
+            job(5, "other", note + ",pool=pool"),
+            job(6, "", "hpcorch:id=x"),
+        ]
+    }
+    cli = SlurmCLI()
+    cli._json = lambda argv: doc  # type: ignore[method-assign]
+    cluster = SlurmCluster("pool", backend=cli)
+    assert [j.slurm_id for j in cluster.lease_jobs()] == [1, 2]

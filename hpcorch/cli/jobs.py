@@ -29,8 +29,9 @@ def sidecar_options(f: Callable[..., Any]) -> Callable[..., Any]:
             type=click.Choice(["auto", "managed", "sidecar"]),
             default="auto",
             show_default=True,
-            help="managed: the script uses hpcorch.runtime; sidecar: hpcorch stops and "
-            "restarts it; auto: managed if the script imports hpcorch.runtime.",
+            help="managed: the script uses hpcorch.runtime (or an hpcorch.integrations "
+            "module); sidecar: hpcorch stops and restarts it; auto: managed if the script "
+            "imports either.",
         ),
         click.option(
             "--stop-signal",

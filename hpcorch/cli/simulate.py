@@ -19,6 +19,7 @@ from hpcorch.sim.controlled import INTERVAL_S, simulate_controlled
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import load_speeds
+from hpcorch.sim.limits import SimLimits
 from hpcorch.sim.loop import SimConfig, SimResult
 from hpcorch.sim.regime import REGIMES, Regime
 from hpcorch.sim.report import RESULT_HEADERS, result_row, table, write_per_job
@@ -322,6 +323,20 @@ def _progress(total: int) -> Any:
     "nodes of each type in node order, adding up to --nodes. Each application runs on a "
     "type at its speed factor (hpcorch/sim/data/gpu-types).",
 )
+@click.option(
+    "--users",
+    default=1,
+    show_default=True,
+    type=params.Integer(1, 100_000),
+    help="Engine controller: the jobs' users, given in turn (u0, u1, ...).",
+)
+@click.option(
+    "--user-gpu-limit",
+    type=params.GPUS,
+    default=None,
+    help="Engine controller: a QOS's MaxTRESPerUser=gres/gpu=N; the simulated Slurm keeps "
+    "a launch over it pending (QOSMaxGRESPerUser), as Slurm does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document.")
 @click.option(
     "--plot",
@@ -367,6 +382,8 @@ def simulate(
     declared_epochs: float,
     time_scale: float,
     gpu_types: str,
+    users: int,
+    user_gpu_limit: int | None,
     as_json: bool,
     plot: Path | None,
     keep_state: Path | None,
@@ -409,6 +426,9 @@ def simulate(
         except OSError as exc:
             raise click.ClickException(f"cannot create {keep_state}: {exc.strerror}") from None
     typed = _gpu_types(gpu_types, nodes, engine)
+    if (users > 1 or user_gpu_limit) and engine != "controller":
+        raise click.UsageError("--users and --user-gpu-limit need --engine controller")
+    limits = SimLimits(users, user_gpu_limit) if users > 1 or user_gpu_limit else None
     config = SimConfig(
         nodes,
         gpus_per_node,
@@ -449,6 +469,7 @@ def simulate(
                             restart_cost_s=policy_restart_cost,
                             interval_s=interval_s,
                             keep_state=kept,
+                            limits=limits,
                         )
                 except (TraceError, RuntimeError) as exc:
                     raise click.ClickException(f"{stem} {name}: {exc}") from None

@@ -26,6 +26,7 @@ from hpcorch.controller.decide import trained_since
 from hpcorch.controller.ends import LEAVING
 from hpcorch.controller.snapshot import placement_of
 from hpcorch.controller.store import JobRecord
+from hpcorch.protocol import SIGNAL_LEAD_S
 
 LIMIT_MARGIN_S = 30.0
 """A launch on a node a window takes has a time limit ending this long before the window
@@ -45,10 +46,11 @@ class Fate:
     why: str = ""
 
 
-MIN_LEAD_S = 120.0
-"""Nodes are emptied at least this long before a window: a launch's time limit is whole
-minutes, so its end may come up to a minute before the limit asked for; the move must come
-before it."""
+MIN_LEAD_S = LIMIT_MARGIN_S + SIGNAL_LEAD_S + 30.0
+"""Nodes are emptied at least this long before a window (180 s): before the checkpoint
+signal Slurm sends a launch whose limit was cut to end before the window (``SIGNAL_LEAD_S``
+before that limit, which is whole minutes). A launch that checkpoints on that signal all
+the same (a longer lead of its own) is moved as well (hpcorch/controller/ends.py)."""
 
 
 def lead_s(s: Settings) -> float:
@@ -140,20 +142,27 @@ def planned_nodes(
     return tuple(out)
 
 
-def launch_limit(rec: JobRecord, shape: Shape, fate: Mapping[str, Fate], now: float) -> Shape:
-    """``shape`` with the time limit its launch gets: the job's own (``rec.time_limit_min``),
-    cut to end ``LIMIT_MARGIN_S`` before a window on its nodes starts (``rec.limit_cut``
-    says so), and the job's own again on the next launch away from any window."""
-    ends = [fate[n].ends_at for n in shape.node_names if n in fate and fate[n].ends_at > now]
+def launch_limit(
+    rec: JobRecord, shape: Shape, fate: Mapping[str, Fate], now: float, current_min: int
+) -> Shape:
+    """``shape`` with the time limit its launch gets, where it is not the job's current one
+    (``current_min``, as Slurm shows it; 0: none): the job's own (``rec.time_limit_min``,
+    if known), cut to end ``LIMIT_MARGIN_S`` before a window on its nodes starts, in which
+    case ``rec.limit_cut`` says which. The same on every pass: a start that waits a cycle
+    (or more) is given the same limit when it goes."""
+    ahead = [(fate[n].ends_at, n) for n in shape.node_names if n in fate]
+    ahead = [(t, n) for t, n in ahead if t > now]
     own = rec.time_limit_min
-    if ends:
-        cut = max(1, int((min(ends) - now - LIMIT_MARGIN_S) // 60))
-        rec.limit_cut = 1
-        return replace(shape, time_limit_min=min(own, cut) if own > 0 else cut)
-    if rec.limit_cut and own:
-        rec.limit_cut = 0
-        return replace(shape, time_limit_min=own)
-    return shape
+    rec.limit_cut = ""
+    want = own
+    if ahead:
+        ends, node = min(ahead)
+        cut = max(1, int((ends - now - LIMIT_MARGIN_S) // 60))
+        rec.limit_cut = f"{node}: {fate[node].why}"
+        want = min(own, cut) if own > 0 else cut
+    if not want or want == (current_min or -1):
+        return shape  # unknown, or what the job has already
+    return replace(shape, time_limit_min=want)
 
 
 KEPT_WINDOWS = 100

@@ -108,6 +108,17 @@ def checkpointed(
     if requeued and rec.budget_spent():
         budget_timeout(rec, now, out, requeued=True)
         return
+    if rec.phase != "stopping" and rec.limit_cut:
+        # its time limit was cut for a window on its nodes: the window's doing, not its own
+        # limit (its pre-limit signal may come before the controller moves it): back to the
+        # queue, planned again at the next cycle on the nodes the window leaves
+        rec.moved = f"{MOVED}{rec.limit_cut}"
+        out.events.append(f"checkpointed: {rec.moved}")
+        queue_again(rec, now, out, "requeue_hold", rec.moved, 0.0)
+        if requeued:
+            out.actions.pop()  # it requeued itself held: nothing to ask of Slurm
+        rec.retry_at = now  # a round at the next cycle
+        return
     if rec.phase != "stopping":
         rec.time_relaunches += 1
         if 0 <= rec.max_relaunches < rec.time_relaunches:

@@ -4,7 +4,7 @@ start does to the job (back to the queue, GPUs released, retried after a back-of
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from hpcorch.cluster import Cluster, Shape
 from hpcorch.controller.actions import Action
@@ -34,6 +34,7 @@ class Executor:
             job=rec.job_key,
             launch=launch,
             placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
+            trained_step=rec.trained_step,
         )
 
     def execute(self, rec: JobRecord, a: Action) -> str:
@@ -149,3 +150,19 @@ def not_carried_out(rec: JobRecord, action: Action, now: float) -> None:
         rec.forced_at = 0.0
     elif action.kind == "cancel" and rec.breach:
         rec.breach = ""
+
+
+def move_clocks(records: Iterable[JobRecord], seconds: float) -> int:
+    """Slurm did not answer for ``seconds``: the clocks of the transitions under way (a
+    launch pending or starting up, a stop's grace and signals) move on by that much. The
+    number of jobs whose clocks moved."""
+    moved = 0
+    for rec in records:
+        if rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready):
+            rec.phase_since += seconds
+            if rec.signalled_at > 0:
+                rec.signalled_at += seconds
+            if rec.forced_at > 0:
+                rec.forced_at += seconds
+            moved += 1
+    return moved

@@ -1,7 +1,9 @@
 """One controller acts on a pool, whatever host it runs on: a lease kept in Slurm itself.
 
 The lease is a placeholder job in the pool's reservation: held, never run, owned by the
-controllers' account, its comment ``hpcorch-lease:owner=HOST:PID,token=T,seq=N,beat=UNIX``.
+controllers' account, its comment ``hpcorch-lease:owner=HOST:PID,token=T,seq=N,beat=UNIX``
+(and ``pool=NAME``: where the reservation does not admit the controller's account, a site's
+reservation for its users only, the job is outside it and the comment names the pool).
 Every login node sees it in the one ``squeue`` a cycle already makes, slurmctld keeps it
 across its own restarts, and only its owner (or an operator) may change it. The holder
 renews it (``seq`` + 1, one ``scontrol update``) every quarter of the lease's time to live;
@@ -34,7 +36,6 @@ from typing import Protocol
 from hpcorch.cluster import LEASE_TAG, LeaseJob
 from hpcorch.errors import HpcorchError
 
-LEASE_NAME = "hpcorch-lease"
 DEFAULT_TTL_S = 60.0
 
 

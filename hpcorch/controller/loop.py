@@ -22,13 +22,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from hpcorch.cluster import Cluster, Observation
+from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import adopt, availability, reconcile
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
-from hpcorch.controller.execute import Executor, act
+from hpcorch.controller.execute import Executor, act, move_clocks
 from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.lease import Lease
+from hpcorch.controller.limit_keeper import LimitKeeper
 from hpcorch.controller.logs import describe, log_info, log_warning
 from hpcorch.controller.memory import Records
 from hpcorch.controller.reconcile import Action
@@ -94,6 +95,8 @@ class Controller:
             store.finish_decision(d.id, "interrupted")
         self.records = Records(store)
         """Every job's record as the store holds it (the controller is its only writer)."""
+        self.limits = LimitKeeper(store, self.log)
+        """Slurm's limits and the caps refused launches taught (limit_keeper.py)."""
         self.rounds = Rounds(
             policy,
             self.config,
@@ -102,6 +105,7 @@ class Controller:
             self._note,
             self._events,
             self.warn,
+            self.limits,
         )
         """Scheduling rounds: the policy, and what it learned (rounds.py)."""
 
@@ -152,6 +156,7 @@ class Controller:
         types = {n.name: n.gpu_type for n in obs.nodes}
         changed = self._adopt_new(obs, now)
         records = self.records.active()
+        self.limits.observe(obs, records, pool_nodes)
         elsewhere = self._locate([r.slurm_id for r in records if r.slurm_id not in observed])
         pending: list[tuple[JobRecord, Action]] = []
         for rec in records:
@@ -183,7 +188,9 @@ class Controller:
             decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
             self.last_round = now
-        pending = [(r, self._limited(r, a, fate, now)) for r, a in pending]
+        pending = [
+            (r, self.limits.timed(self._limited(r, a, fate, now, observed))) for r, a in pending
+        ]
         try:
             claims = reconcile.start_claims(records, pool_nodes)
         except Exception as exc:
@@ -205,6 +212,7 @@ class Controller:
         # What the cycle changed and what it means to do is durable before anything is done.
         with self.store.transaction():
             self.records.write(unstorable)
+            self.limits.save()
             intents = [
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
@@ -265,18 +273,8 @@ class Controller:
         (a launch pending or starting up, a stop's grace and signals) move on by that
         much, so that nothing is judged late for time Slurm could not act in. The number
         of jobs whose clocks moved."""
-        moved = 0
         with self.store.transaction():
-            for rec in self.records.active():
-                if rec.phase in ("starting", "stopping") or (
-                    rec.phase == "running" and not rec.ready
-                ):
-                    rec.phase_since += seconds
-                    if rec.signalled_at > 0:
-                        rec.signalled_at += seconds
-                    if rec.forced_at > 0:
-                        rec.forced_at += seconds
-                    moved += 1
+            moved = move_clocks(self.records.active(), seconds)
             now = self.cluster.now()
             self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
         return moved
@@ -400,11 +398,20 @@ class Controller:
 
     # --- scheduling ---------------------------------------------------------------------
     # --- carrying out ---------------------------------------------------------------------
-    def _limited(self, rec: JobRecord, a: Action, fate: Mapping[str, Fate], now: float) -> Action:
+    def _limited(
+        self,
+        rec: JobRecord,
+        a: Action,
+        fate: Mapping[str, Fate],
+        now: float,
+        observed: Mapping[int, ObservedJob],
+    ) -> Action:
         """A start with the time limit its launch gets (a window ahead on its nodes)."""
         if a.kind != "start" or a.shape is None:
             return a
-        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now))
+        job = observed.get(rec.slurm_id)
+        current = job.time_limit_min if job is not None else 0
+        return replace(a, shape=availability.launch_limit(rec, a.shape, fate, now, current))
 
     def _must_wait(
         self,
@@ -422,6 +429,7 @@ class Controller:
         s = self.config.settings
         try:
             why = reconcile.start_wait(rec, a.shape, obs.nodes, now, s, claims)
+            why = why or self.limits.wait(rec, a.shape, self.records.active())
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True

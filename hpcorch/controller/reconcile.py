@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hpcorch.cluster import ObservedJob, Shape
+from hpcorch.cluster import ObservedJob
 from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
@@ -58,6 +58,7 @@ from hpcorch.controller.shapes import (
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.waiting import silent
 from hpcorch.gputypes import type_of_nodes
+from hpcorch.limits import refusal
 from hpcorch.protocol import EXIT_RELAUNCH
 from hpcorch.timefmt import fmt_duration
 
@@ -79,11 +80,10 @@ __all__ = [
 ]
 
 REQUEUED = "requeued by Slurm"
-
 REQUEUE_WAIT_S = 30.0
 """A job Slurm requeued after a node failure is left this long for Slurm to start on its
-old nodes (a node whose slurmd restarts is back within seconds); then it is restarted
-anywhere in the pool, without the node list that names the failed node."""
+old nodes (a node whose slurmd restarts is back within seconds); then it is held and
+planned again, on the nodes in service."""
 
 
 def observe(
@@ -176,20 +176,22 @@ def _pending(
         rec.phase == "starting"
         and rec.reason.startswith(REQUEUED)
         and now - rec.phase_since >= REQUEUE_WAIT_S
-    ):  # requeued by Slurm and still pending on its old nodes: restart it anywhere
-        shape = target_shape(rec, pool_nodes)
-        rec.reason = "restarting anywhere after a node failure"
-        out.actions.append(
-            Action("start", rec.slurm_id, Shape(shape.nodes, shape.gpus_per_node), rec.reason)
-        )
+    ):  # requeued by Slurm and still pending on its old nodes: planned again on the nodes
+        # in service (its old shape may no longer fit: 4 + 4 GPUs with one node down)
+        why = "requeued by Slurm after a node failure: planned again on the nodes in service"
+        out.events.append(f"replan: {why}")
+        queue_again(rec, now, out, "hold", why, 0.0)
         return
-    # requeued by Slurm (a node failure), also while it was being stopped for a resize
-    if rec.phase == "running" or (rec.phase == "stopping" and job.restarts > rec.slurm_restarts):
+    # requeued by Slurm (a node failure), also while it was being stopped for a resize, or
+    # run and requeued before the controller saw its launch run
+    if rec.phase == "running" or (
+        rec.phase in ("starting", "stopping") and job.restarts > rec.slurm_restarts
+    ):
         _set_phase(rec, "starting", now, f"{REQUEUED} (restart {job.restarts})")
         out.events.append(f"requeued: by Slurm, restart {job.restarts} (node failure?)")
         # Its node list may name the failed node. Slurm starts it there once the node is
         # back (a restarted slurmd); if it still waits after REQUEUE_WAIT_S, the controller
-        # restarts it anywhere in the pool (_pending).
+        # holds it and plans it again on the nodes in service (_pending).
         rec.target_gpus = rec.target_gpus or rec.gpus or rec.min_gpus
         rec.target_placement = "{}"
         rec.slurm_launch = 1
@@ -208,9 +210,18 @@ def _launch_pending(
     rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome
 ) -> None:
     """A launch the controller released that Slurm keeps pending: Slurm's reason shown, and
-    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others)."""
+    past ``launch_pending_s`` held again and planned afresh (its GPUs free for others).
+    Pending for a limit (:func:`hpcorch.limits.refusal`), it is held at once: the loop has
+    learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to."""
     waited = now - rec.phase_since
     slurm_reason = job.reason or "no reason given"
+    if refusal(job.reason) is not None:
+        why = (
+            f"Slurm keeps the launch pending for a limit ({slurm_reason}): held, planned within it"
+        )
+        out.events.append(f"limit: {why}")
+        queue_again(rec, now, out, "hold", why, s.start_backoff_s)
+        return
     if waited < s.launch_pending_s:
         rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
         return

@@ -18,16 +18,21 @@ from hpcorch.controller import availability, reconcile
 from hpcorch.controller.actions import Action
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
+from hpcorch.controller.limit_keeper import LimitKeeper
+from hpcorch.controller.limits import LIMIT_WAIT
+from hpcorch.controller.limits import NEVER as LIMIT_NEVER
 from hpcorch.controller.logs import describe
 from hpcorch.controller.memory import Records
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import TagError, pin_of, request_of
 from hpcorch.controller.waiting import NEVER, WAITING, fits, why_waiting
-from hpcorch.policy.split import split_schedule
+from hpcorch.policy.limits import limited_schedule, validate_limits
 from hpcorch.policy.types import CompletedJob, JobPlan, PlanError, Policy, validate_plan
 
 Acts = list[tuple[JobRecord, Action]]
+LIMITED = (LIMIT_WAIT, LIMIT_NEVER)
+"""How a reason of a job one of Slurm's limits holds back begins."""
 
 
 class Rounds:
@@ -42,8 +47,11 @@ class Rounds:
         note: Callable[[JobRecord, str, str], None],
         events: Callable[[JobRecord, Sequence[str]], None],
         warn: Callable[[str], None],
+        limits: LimitKeeper | None = None,
     ) -> None:
         self.policy = policy
+        self.limits = limits
+        """Slurm's limits, which every plan keeps to (None: none)."""
         self.config = config
         self.records = records
         self.plan_batch = plan_batch
@@ -111,9 +119,12 @@ class Rounds:
                 self.config.mix_types,
                 moving,
             )
+            if self.limits is not None:
+                snapshot = self.limits.constrain(snapshot, active)
             t0 = time.perf_counter()
-            plan = split_schedule(self.policy, snapshot)
+            plan = limited_schedule(self.policy, snapshot)
             validate_plan(snapshot, plan)
+            validate_limits(snapshot, plan)
         except Exception as exc:
             # An empty plan would preempt every job: keep every allocation as it is.
             what = "gave an invalid plan" if isinstance(exc, PlanError) else "failed"
@@ -131,7 +142,7 @@ class Rounds:
         for rec in active:
             if rec.phase not in ("queued", "running"):
                 continue
-            if failed & set(rec.node_list.split(",")):
+            if rec.phase == "running" and failed & set(rec.node_list.split(",")):
                 continue  # on a failed node: Slurm requeues it; nothing to ask of it
             if rec.phase == "running" and not rec.movable:
                 rec.reason = rec.fixed_reason()
@@ -185,9 +196,12 @@ class Rounds:
         self, rec: JobRecord, records: Sequence[JobRecord], obs: Observation, now: float
     ) -> None:
         """A queued job the round did not start: why it waits (waiting.py), where its
-        reason is the plain wait or a minimum the pool can never give."""
+        reason is the plain wait or a minimum the pool can never give; one of Slurm's
+        limits first (limit_keeper.py)."""
+        if self.limits is not None and self.limits.explain(rec, records):
+            return
         why = why_waiting(rec, records, obs.nodes, now, self.config.settings)
-        if why.startswith(NEVER) or rec.reason.startswith((WAITING, NEVER)):
+        if why.startswith(NEVER) or rec.reason.startswith((WAITING, NEVER, *LIMITED)):
             rec.reason = why
 
     def _requests(

@@ -179,8 +179,9 @@ class JobRecord:
     time_limit_min: int = 0
     """The job's own time limit per launch, as Slurm first showed it (minutes; -1 none;
     0 not known)."""
-    limit_cut: int = 0
-    """1 while its launch's time limit is cut short to end before a window on its nodes."""
+    limit_cut: str = ""
+    """Why its launch's time limit is cut short to end before a window on its nodes (the
+    node and the window; '' while it is not)."""
     moved: str = ""
     """Why its last relaunch moved it off a node (a drain, a window; '' it did not)."""
 

@@ -104,7 +104,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "trained_step INTEGER NOT NULL DEFAULT 0"),
         ("jobs", "requeue_fixed_at REAL NOT NULL DEFAULT 0"),
         ("jobs", "time_limit_min INTEGER NOT NULL DEFAULT 0"),
-        ("jobs", "limit_cut INTEGER NOT NULL DEFAULT 0"),
+        ("jobs", "limit_cut TEXT NOT NULL DEFAULT ''"),
         ("jobs", "moved TEXT NOT NULL DEFAULT ''"),
     ),
     11: (("cycles", "full INTEGER NOT NULL DEFAULT 1"),),

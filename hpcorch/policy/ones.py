@@ -31,7 +31,7 @@ import numpy as np
 from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import Estimates, estimate, one_gpu_time
-from hpcorch.policy.ones_ops import Ops
+from hpcorch.policy.ones_ops import Ops, group_masks
 from hpcorch.policy.ones_types import schedule_types
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
@@ -122,7 +122,9 @@ class OnesPolicy:
         if self.probe and self.probe_hold_s > 0:
             probing = self.holding(snapshot, np.array(needs_probe(jobs, est), dtype=bool) & ~pinned)
             value[probing[:, None] & change & (cols > 0)] = -np.inf
-        ops = Ops(value, est.gmax, total, rng, t if self.whole_set else None, est.gmin)
+        groups = group_masks(snapshot, jobs)
+        whole = t if self.whole_set else None
+        ops = Ops(value, est.gmax, total, rng, whole, est.gmin, groups, pinned)
 
         seeds = [ops.fill(ops.repair(np.minimum(cur, est.gmax))), ops.fill(np.zeros(n, np.int64))]
         ids = [j.job_id for j in jobs]
@@ -131,7 +133,10 @@ class OnesPolicy:
             seeds.append(ops.fill(ops.repair(np.minimum(g, est.gmax))))
         pop = np.array(seeds[: self.population])
         while len(pop) < self.population:
-            pop = np.vstack([pop, ops.mutate(pop[rng.integers(len(pop))])[None, :]])
+            extra = ops.mutate(pop[rng.integers(len(pop))])
+            if groups:  # every individual within the group limits
+                extra = ops.fill(ops.repair(extra))
+            pop = np.vstack([pop, extra[None, :]])
         fit = ops.fitness(pop)
         # Fewer generations for very large job sets keep a round within its time budget.
         gens = min(self.generations, max(2, 10000 // max(n, 1)))
@@ -151,7 +156,7 @@ class OnesPolicy:
         order = np.argsort(-fit, kind="stable")
         pop = pop[order]
         self._pop = [dict(zip(ids, (int(x) for x in ind), strict=True)) for ind in pop]
-        plan = place_schedule(snapshot, est, value, pop[0])
+        plan = place_schedule(snapshot, est, value, pop[0], groups)
         if self.probe:
             plan = probe_batches(jobs, est, plan)
         return fit_cpus(snapshot, plan)

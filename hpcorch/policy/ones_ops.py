@@ -1,10 +1,23 @@
 """ONES's genetic operators over GPU-count vectors (:class:`Ops`) and the two steps they
 share with the search over GPU types (:mod:`hpcorch.policy.ones_types`): :func:`trim` GPUs
-from the jobs that lose least, :func:`grow` the jobs that gain most."""
+from the jobs that lose least, :func:`grow` the jobs that gain most.
+
+Every individual is repaired into the feasible space: the pool's GPUs, and the limits of
+groups of jobs (``groups``: a user's jobs under a QOS's ``MaxTRESPerUser``, an account's
+under ``GrpTRES``; :mod:`hpcorch.policy.limits`), so the search compares only schedules
+Slurm would run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
+
+from hpcorch.policy.types import JobView, Snapshot
+
+Group = tuple[np.ndarray, int | None, int | None]
+"""A group limit over the jobs: (its members as a boolean mask, the GPUs they may hold
+together or None, how many of them may hold GPUs or None)."""
 
 
 class Ops:
@@ -18,8 +31,14 @@ class Ops:
         rng: np.random.Generator,
         time: np.ndarray | None = None,
         gmin: np.ndarray | None = None,
+        groups: Sequence[Group] = (),
+        fixed: np.ndarray | None = None,
     ) -> None:
         self.value = value
+        self.groups = tuple(groups)
+        """Group limits every individual is repaired into (see :data:`Group`)."""
+        self.movable = ~fixed if fixed is not None else np.ones(len(gmax), dtype=bool)
+        """Jobs whose GPUs may change (a fixed job keeps its GPUs whatever a group says)."""
         self.gmin = gmin if gmin is not None else np.ones_like(gmax)
         self.time = time
         if time is not None:
@@ -93,21 +112,47 @@ class Ops:
         return self.snap(g)
 
     def repair(self, g: np.ndarray) -> np.ndarray:
-        """Take GPUs from the jobs that lose least until the schedule fits the pool."""
+        """Take GPUs from the jobs that lose least until the schedule fits the pool and
+        every group limit."""
         g = self.snap(g).astype(np.int64)
         trim(self.value, g, self.gmin, int(g.sum()) - self.total)
+        for mask, gpus, jobs in self.groups:
+            on = mask & self.movable
+            if jobs is not None:
+                while int(((g > 0) & mask).sum()) > jobs:
+                    cand = np.flatnonzero(on & (g > 0))
+                    if not len(cand):
+                        break
+                    g[cand[np.argmin(self.value[cand, g[cand]])]] = 0  # the one worth least
+            if gpus is not None:
+                trim(self.value, g, self.gmin, int(g[mask].sum()) - gpus, on)
         return g
 
     def fill(self, g: np.ndarray) -> np.ndarray:
         """Give free GPUs to the jobs that gain most from them, while any gains
-        (:func:`grow`)."""
-        free = self.total - int(g.sum())
-        if free <= 0:
-            return g
-        counts = grow(self.value, g, self.gmax, self.gmin, free)
-        if counts is None:
-            return g.copy()
-        return np.asarray(self.repair(g + counts))
+        (:func:`grow`), and no group limit is passed (its jobs are left out once it is
+        full; GPUs a group had to give back go to the others)."""
+        for _ in range(3 if self.groups else 1):
+            free = self.total - int(g.sum())
+            if free <= 0:
+                return g
+            counts = grow(self.value, g, self.gmax, self.gmin, free, self.room(g))
+            if counts is None:
+                return g.copy()
+            g = np.asarray(self.repair(g + counts))
+        return g
+
+    def room(self, g: np.ndarray) -> np.ndarray | None:
+        """The jobs that may take more GPUs under the group limits (None: all)."""
+        if not self.groups:
+            return None
+        cand = np.ones(len(g), dtype=bool)
+        for mask, gpus, jobs in self.groups:
+            if gpus is not None and int(g[mask].sum()) >= gpus:
+                cand &= ~mask
+            if jobs is not None and int(((g > 0) & mask).sum()) >= jobs:
+                cand &= ~(mask & (g == 0))
+        return cand
 
 
 def trim(
@@ -173,3 +218,28 @@ def grow(
     take = min(free, pos)
     top = np.argpartition(-flat, take - 1)[:take] if take < len(flat) else np.arange(len(flat))
     return np.bincount(top // (width - 1), minlength=len(g))
+
+
+def fits_groups(groups: Sequence[Group], g: np.ndarray, i: int, more: int) -> bool:
+    """Whether job ``i`` may take ``more`` GPUs on top of ``g`` under ``groups``."""
+    for mask, gpus, jobs in groups:
+        if not mask[i]:
+            continue
+        if gpus is not None and int(g[mask].sum()) + more > gpus:
+            return False
+        if jobs is not None and g[i] == 0 and int(((g > 0) & mask).sum()) >= jobs:
+            return False
+    return True
+
+
+def group_masks(snapshot: Snapshot, jobs: Sequence[JobView]) -> list[Group]:
+    """The snapshot's group limits on GPUs and jobs over ``jobs`` (as :data:`Group`)."""
+    out: list[Group] = []
+    for g in snapshot.limits.groups:
+        if g.gpus is None and g.jobs is None:
+            continue
+        members = set(g.members)
+        mask = np.array([j.job_id in members for j in jobs], dtype=bool)
+        if mask.any():
+            out.append((mask, g.gpus, g.jobs))
+    return out

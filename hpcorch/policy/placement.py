@@ -11,12 +11,13 @@ free go, node by node, to the job that gains most from them without spanning mor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from hpcorch.policy.common import free_gpus, job_plan, place_packed, split_batch
 from hpcorch.policy.estimate import Estimates
+from hpcorch.policy.ones_ops import Group, fits_groups
 from hpcorch.policy.types import JobPlan, Plan, Snapshot
 
 
@@ -44,10 +45,15 @@ def _take(free: list[int], placement: Mapping[int, int]) -> None:
 
 
 def place_schedule(
-    snapshot: Snapshot, est: Estimates, value: np.ndarray, schedule: np.ndarray
+    snapshot: Snapshot,
+    est: Estimates,
+    value: np.ndarray,
+    schedule: np.ndarray,
+    groups: Sequence[Group] = (),
 ) -> Plan:
     """Place the GPU counts ``schedule`` (one per job of ``est``); ``value[j, g]`` is the
-    score of job ``j`` on ``g`` GPUs, used to hand out GPUs the placement leaves free."""
+    score of job ``j`` on ``g`` GPUs, used to hand out GPUs the placement leaves free
+    (within the group limits ``groups``)."""
     jobs = snapshot.jobs
     g = schedule.copy()
     per_node = max(snapshot.node_gpus)
@@ -65,7 +71,7 @@ def place_schedule(
         _take(free, placed)
         placements[i] = placed
         g[i] = gi
-    _refill(est, value, free, placements, g)
+    _refill(est, value, free, placements, g, groups)
     plans: list[JobPlan] = []
     for i, p in sorted(placements.items()):
         plans.append(job_plan(jobs[i], p, int(est.batch[i, int(g[i])])))
@@ -111,6 +117,7 @@ def _refill(
     free: list[int],
     placements: dict[int, dict[int, int]],
     g: np.ndarray,
+    groups: Sequence[Group] = (),
 ) -> None:
     """Give each node's free GPUs to the job that gains most from them there: a job
     already on that node, or a waiting job starting on it."""
@@ -125,7 +132,7 @@ def _refill(
                 lo = max(int(est.gmin[i]) - int(g[i]), 1)
                 for d in range(lo, free[node] + 1):
                     k = int(g[i]) + d
-                    if k >= width or k > est.gmax[i]:
+                    if k >= width or k > est.gmax[i] or not fits_groups(groups, g, i, d):
                         break
                     gain = float(value[i, k] - value[i, int(g[i])])
                     if gain > best_gain:

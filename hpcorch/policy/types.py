@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from hpcorch.gputypes import joined
+from hpcorch.policy.limit_types import Limits
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,9 @@ class Snapshot:
     """The site's opt-in: jobs of every owner that report one model fingerprint pool what
     was learned of it (by a vote of owners, :mod:`hpcorch.policy.pooling`); else only one
     owner's jobs pool."""
+    limits: Limits = field(default_factory=Limits)
+    """The scheduler's limits on each job and on groups of jobs (a user's, an account's):
+    every plan keeps within them (:mod:`hpcorch.policy.limits`)."""
 
     @property
     def total_gpus(self) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hpcorch.planner import BatchPlan
 from hpcorch.protocol import (
     CHECKPOINT_FORMAT,
     CHECKPOINT_PREFIX,
@@ -172,6 +174,51 @@ def load(path: Path, job_id: str | None) -> dict[str, Any]:
     if job_id is not None and owner is not None and owner != job_id:
         raise CheckpointError(f"checkpoint {path} belongs to job {owner!r}, not to {job_id!r}")
     return payload
+
+
+def payload(
+    *,
+    job: str | None,
+    world_size: int,
+    position: tuple[int, int, int, int],
+    seed: int,
+    plan: BatchPlan,
+    lr: dict[str, Any],
+    gns: dict[str, float],
+    model: dict[str, Any],
+    optimizer: dict[str, Any],
+    scheduler: dict[str, Any] | None,
+    user: dict[str, Any],
+    rng: list[Any],
+) -> dict[str, Any]:
+    """What a checkpoint holds. ``position``: (global step, epoch, sample offset in the
+    epoch, dataset size); ``rng``: every rank's generator states."""
+    global_step, epoch, offset, dataset_size = position
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "job": job,
+        "written_at": time.time(),
+        "world_size": world_size,
+        "global_step": global_step,
+        "epoch": epoch,
+        "offset": offset,
+        "dataset_size": dataset_size,
+        "seed": seed,
+        "plan": {
+            "global_batch": plan.global_batch,
+            "gpus": plan.gpus,
+            "micro_batch": plan.micro_batch,
+            "accum_steps": plan.accum_steps,
+        },
+        "lr": lr,
+        "gns": gns,
+        "model": model,
+        "optimizer": optimizer,
+        "scheduler": scheduler,
+        "user": user,
+        "rng": rng,
+    }
 
 
 # --- random number generators ------------------------------------------------------------

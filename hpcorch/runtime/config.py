@@ -61,6 +61,8 @@ class Settings:
     max_global_batch: int | None = None
     """Bounds on the global batch (a rewritten plan is clamped into them too)."""
     plan_launch: int | None = None
+    trained_step: int = 0
+    """The furthest step earlier launches reached (the plan's ``trained_step``)."""
     """The launch number of the plan read (a rewritten plan for an older one is ignored)."""
 
 
@@ -177,6 +179,7 @@ def resolve(
         min_global_batch=lower,
         max_global_batch=upper,
         plan_launch=plan.launch if plan else None,
+        trained_step=plan.trained_step if plan else 0,
     )
 
 

@@ -4,33 +4,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from hpcorch.runtime.sampler import MicroBatch, StepLayout
-
-if TYPE_CHECKING:
-    from hpcorch.runtime.job import ElasticJob
 
 
 class Step:
     """One optimizer step of this rank: iterate it for the micro-batches, ``backward`` each."""
 
-    def __init__(self, job: ElasticJob, layout: StepLayout, batches: Iterator[Any]) -> None:
-        self.job = job
+    def __init__(
+        self,
+        layout: StepLayout,
+        batches: Iterator[Any],
+        *,
+        index: int,
+        lr_factor: float,
+        ddp: DistributedDataParallel | None,
+        device: torch.device,
+    ) -> None:
         self.layout = layout
+        self.index = index
+        """Global step number (0-based) of this step."""
+        self.lr_factor = lr_factor
+        """The factor on the optimizer's LR in this step."""
+        self._ddp = ddp
         self._batches = batches
         self._current: MicroBatch | None = None
         self._done = 0
         self.data_wait = 0.0
         """Seconds this step waited for its input from the data loader."""
-        self._loss = torch.zeros((), dtype=torch.float64, device=job.device)
-
-    @property
-    def index(self) -> int:
-        """Global step number (0-based) of this step."""
-        return self.job.global_step
+        self._loss = torch.zeros((), dtype=torch.float64, device=device)
 
     @property
     def epoch(self) -> int:
@@ -41,15 +47,11 @@ class Step:
         """Dataset indices this rank processes in this step (placeholders excluded)."""
         return [i for mb in self.layout.micro if mb.real for i in mb.indices]
 
-    @property
-    def lr_factor(self) -> float:
-        return self.job.lr_factor
-
     def __len__(self) -> int:
         return len(self.layout.micro)
 
     def __iter__(self) -> Iterator[Any]:
-        ddp = self.job._ddp
+        ddp = self._ddp
         last = len(self.layout.micro) - 1
         for j, mb in enumerate(self.layout.micro):
             if ddp is not None:  # all-reduce only on the last pass (gradient accumulation)

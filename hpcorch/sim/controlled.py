@@ -33,6 +33,7 @@ from hpcorch.sim.bound import lower_bound
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import TypedPool
+from hpcorch.sim.limits import SimLimits
 from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimConfig, SimResult
 from hpcorch.sim.regime import in_regime
 from hpcorch.sim.slurm_side import SimSlurm
@@ -92,6 +93,7 @@ def simulate_controlled(
     log: Callable[[str], None] = _quiet,
     keep_state: Path | None = None,
     mix_types: bool = False,
+    limits: SimLimits | None = None,
 ) -> SimResult:
     """Run the controller with ``policy`` over a simulated pool until every job finished.
 
@@ -102,7 +104,9 @@ def simulate_controlled(
     called after every cycle.
     ``keep_state``: copy the controller's store there at the end (for ``hpcorch report``;
     its times are simulated seconds). ``mix_types``: the controller lets a launch span
-    GPU types (``controller --mix-gpu-types``).
+    GPU types (``controller --mix-gpu-types``). ``limits``: Slurm's limits on the jobs'
+    users (hpcorch/sim/limits.py); the result's ``extra["limit_pending_max_s"]`` is the
+    longest a released launch was kept pending for one.
     """
     cfg = config or SimConfig()
     cost = cost or ResizeCost()
@@ -118,6 +122,7 @@ def simulate_controlled(
         cpu_demand=dict(cfg.cpu_demand),
         fixed_cpus=cfg.cpus_per_gpu,
         typed=typed,
+        limits=limits,
     )
     loop_cfg = LoopConfig(
         interval_s=interval_s,
@@ -193,6 +198,8 @@ def simulate_controlled(
             "slurm_calls": float(side.calls),
             "resizes": float(resizes),
             "rebatches": float(rebatches),
+            "limit_pending_max_s": max(side.limit_waits, default=0.0),
+            "limit_pending": float(len(side.limit_waits)),
         },
     )
 

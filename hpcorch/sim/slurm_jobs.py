@@ -89,6 +89,10 @@ class SlurmJob:
     last_line: float = -1e18
     version: int = 0
     """Bumped on every change Slurm would show (the observation is rebuilt then)."""
+    user: str = "sim"
+    refused: str = ""
+    """Why a released launch is kept pending for a limit (Slurm's reason; '' for none)."""
+    refused_since: float = 0.0
     seen: tuple[int, ObservedJob] | None = None
 
     @property

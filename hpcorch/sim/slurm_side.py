@@ -44,6 +44,7 @@ from hpcorch.protocol import EXIT_DONE
 from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import TypedPool
+from hpcorch.sim.limits import SimLimits
 from hpcorch.sim.slurm_jobs import INF, Checkpoint, SlurmJob, job_tags
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
@@ -73,8 +74,13 @@ class SimSlurm:
         cpu_demand: Mapping[str, float] | None = None,
         fixed_cpus: int = 0,
         typed: TypedPool | None = None,
+        limits: SimLimits | None = None,
     ) -> None:
         self.cost = cost or ResizeCost()
+        self.limits = limits
+        """Slurm's limits on the jobs, each job's user (None: none, one user)."""
+        self.limit_waits: list[float] = []
+        """How long each launch kept pending for a limit was so (seconds)."""
         self.world = SimCluster(
             list(jobs), apps, node_gpus, self.cost.startup_s, node_cpus, cpu_demand
         )
@@ -98,6 +104,7 @@ class SimSlurm:
             sid = FIRST_JOB_ID + i
             job_dir = f"{JOB_DIR_PREFIX}{model.spec.name}"
             sj = SlurmJob(sid, model, job_tags(model.spec, model.app, total, job_dir))
+            sj.user = limits.user(i) if limits is not None else user
             self.jobs.append(sj)
             self._by_id[sid] = sj
             self._by_dir[job_dir] = sj
@@ -146,20 +153,23 @@ class SimSlurm:
             if j.seen is None or j.seen[0] != j.version:
                 j.seen = (j.version, self._observed(j))
             seen.append(j.seen[1])
-        return Observation(time=now, nodes=nodes, jobs=tuple(seen))
+        if self.limits is None:
+            return Observation(time=now, nodes=nodes, jobs=tuple(seen))
+        book = self.limits.book(((o.slurm_id, o.user) for o in seen if not o.ended), now)
+        return Observation(time=now, nodes=nodes, jobs=tuple(seen), limits=book)
 
     def _observed(self, j: SlurmJob) -> ObservedJob:
         running = j.state == "RUNNING" or j.ended
         return ObservedJob(
             slurm_id=j.slurm_id,
             name=j.model.spec.name,
-            user=self.user,
+            user=j.user,
             state=j.state,
             held=j.held,
             reason=(
                 ("JobHeldAdmin" if j.slurm_id in self._admin_held else "JobHeldUser")
                 if j.held
-                else ("" if running else "Resources")
+                else ("" if running else j.refused or "Resources")
             ),
             node_names=tuple(self.node_names[i] for i in j.nodes) if running else (),
             gpus_per_node=max(j.counts, default=0) if running else 0,
@@ -207,6 +217,7 @@ class SimSlurm:
         self._admin_held.add(slurm_id)
         self._bump(j)
         self._unwait(j)
+        self._unrefuse(j)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self._calls += 1
@@ -229,6 +240,7 @@ class SimSlurm:
         if j.state == "PENDING":
             j.held = True
             self._unwait(j)
+            self._unrefuse(j)
             return
         if j.state == "RUNNING":  # killed: back to its last checkpoint
             self._end(j, "CANCELLED", 0, self.world.now)
@@ -242,6 +254,7 @@ class SimSlurm:
         j = self._job(slurm_id)
         if not j.ended:
             self._unwait(j)
+            self._unrefuse(j)
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
@@ -388,6 +401,8 @@ class SimSlurm:
         used, used_cpus = self._used()
         for j in list(self._waiting):
             assert j.shape is not None
+            if self._refused(j):
+                continue
             free = [g - u for g, u in zip(self.node_gpus, used, strict=True)]
             where = self._fit(j.shape, free)
             if where is None:
@@ -402,6 +417,28 @@ class SimSlurm:
                 used_cpus[i] += c * per_gpu
             j.model.cpus_per_gpu = per_gpu
             self._launch(j, *where)
+
+    def _refused(self, j: SlurmJob) -> bool:
+        """Kept pending for a limit (sim/limits.py), before its resources are looked at,
+        as slurmctld does; the reason shown changes with it."""
+        if self.limits is None or j.shape is None:
+            return False
+        running = [(r.user, r.gpus) for r in self._running]
+        why = self.limits.refuse(j.user, j.shape.gpus, running)
+        if why != j.refused:
+            if not j.refused:
+                j.refused_since = self.world.now
+            elif not why:
+                self.limit_waits.append(self.world.now - j.refused_since)
+            j.refused = why
+            self._bump(j)
+        return bool(why)
+
+    def _unrefuse(self, j: SlurmJob) -> None:
+        """A launch kept pending for a limit no longer is (held or cancelled)."""
+        if j.refused:
+            self.limit_waits.append(self.world.now - j.refused_since)
+            j.refused = ""
 
     def _cpus_per_gpu(self, shape: Shape, nodes: tuple[int, ...]) -> int:
         """The CPUs with each GPU of a launch: the fixed count, the shape's, else the site

@@ -20,6 +20,13 @@ from typing import Any, Protocol
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.gputypes import TYPE_RE
+from hpcorch.slurm.assoc_mgr import (
+    AssocMgr,
+    AssocMgrError,
+    Partition,
+    parse_assoc_mgr,
+    parse_partitions,
+)
 from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import (
     SACCT_FIELDS,
@@ -94,6 +101,12 @@ class SlurmBackend(Protocol):
     def accounting_jobs(self, job_ids: Sequence[int]) -> list[SlurmJob]:
         """Jobs from Slurm's accounting (sacct), for ids squeue no longer lists; [] when
         accounting is not enabled."""
+        ...
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        """slurmctld's associations and QOS, with their limits and what it counts against
+        them (of ``users`` and every account; none without accounting), and the
+        partitions' limits."""
         ...
 
     # actions
@@ -318,6 +331,16 @@ class SlurmCLI:
 
     def fair_shares(self) -> dict[str, float]:
         return parse_sshare(self.run(["sshare", "-a", "-n", "-P", "-o", "User,FairShare"]))
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        parts = parse_partitions(self.run(["scontrol", "-o", "show", "partition"]))
+        argv = ["scontrol", "show", "assoc_mgr", "flags=users,assoc,qos"]
+        if users:
+            argv.append("users=" + ",".join(sorted(set(users))))
+        try:
+            return parse_assoc_mgr(self.run(argv)), parts
+        except (SlurmCommandError, AssocMgrError):  # no accounting: no associations
+            return AssocMgr(), parts
 
     def reservation_nodes(self, name: str) -> list[str]:
         nodes = self.reservation(name).nodes

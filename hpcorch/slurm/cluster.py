@@ -19,7 +19,6 @@ from typing import Any
 
 from hpcorch.cluster import (
     ENDED_STATES,
-    LEASE_TAG,
     ForeignJob,
     LeaseJob,
     Observation,
@@ -29,17 +28,23 @@ from hpcorch.cluster import (
     Window,
 )
 from hpcorch.errors import HpcorchError, SlurmCommandError
+from hpcorch.limits import LimitBook, refusal
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
+from hpcorch.slurm.lease_jobs import SlurmLeaseJobs, as_lease
+from hpcorch.slurm.limits import limit_book, rekey
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
 
 logger = logging.getLogger("hpcorch.controller")
 
-LEASE_NAME = "hpcorch-lease"
+RESERVATION_REASONS = frozenset({"Reservation", "ReqNodeNotAvail", "ResvDeleted"})
+"""Why Slurm keeps a launch pending when another reservation holds its nodes."""
+RESV_REREAD_S = 10.0
 DAY = 86400.0
 RESERVATION_S = float(RESERVATION_DURATION.split("-")[0]) * DAY
 RENEW_BEFORE_S = 30 * DAY
@@ -79,10 +84,19 @@ class SlurmCluster:
         self._warned_at = -1e18
         self.fair_shares: dict[str, float] = {}
         """User -> Slurm's FairShare factor, read with the reservation (empty: none)."""
+        self._resv_pending = False
+        """The last observation saw a launch pending for a reservation (RESERVATION_REASONS)."""
         self.windows: tuple[Window, ...] = ()
         """Other reservations on the pool's nodes, read with the pool's own."""
         self._partition = ""
         """A partition every pool node is in (where the lease job is submitted)."""
+        self.leases = SlurmLeaseJobs(self.backend, self.reservation, self._lease_partition)
+        self._limits_read_at = -1e18
+        self._assoc: tuple[AssocMgr, dict[str, Partition]] = (AssocMgr(), {})
+        self._book = LimitBook()
+        self._refused: dict[int, str] = {}
+        """Pool jobs Slurm kept pending for a limit at the last observation, and why."""
+        self._limits_warned = ""
 
     @property
     def calls(self) -> int:
@@ -172,8 +186,16 @@ class SlurmCluster:
 
     # --- observation --------------------------------------------------------------------
     def observe(self) -> Observation:
-        pool = self.reservation_nodes()
+        # a launch Slurm keeps pending for a reservation: read the reservations again now
+        # (one made since the last read may hold its nodes), at most every RESV_REREAD_S
+        reread = self._resv_pending and time.monotonic() - self._pool_read_at > RESV_REREAD_S
+        pool = self.reservation_nodes(refresh=reread)
         jobs = self.backend.jobs(self.reservation)
+        self._resv_pending = any(
+            j.state == "PENDING" and not j.held and j.reason in RESERVATION_REASONS
+            for j in jobs
+            if j.reservation == self.reservation
+        )
         listed = self.backend.nodes()
         by_name = {n.name: n for n in listed}
         self._partition = _common_partition([by_name[p] for p in pool if p in by_name])
@@ -185,7 +207,11 @@ class SlurmCluster:
         leases: list[LeaseJob] = []
         held = _Held()
         cpus_per_gpu: dict[int, int] = {}
+        tagged: list[SlurmJob] = []
         for j in jobs:
+            if self.leases.is_lease(j):
+                leases.append(as_lease(j))
+                continue
             if j.reservation != self.reservation:
                 continue
             try:
@@ -199,9 +225,6 @@ class SlurmCluster:
                 per_gpu = max(per_node)
             elif not per_gpu and j.gpus_per_job and names:
                 per_gpu = j.gpus_per_job // len(names)
-            if j.comment.startswith(LEASE_TAG):
-                leases.append(_lease(j))
-                continue
             tags = parse_comment(j.comment)
             holds = names and j.state not in ENDED_STATES
             gpus = per_node or (per_gpu,) * len(names)
@@ -213,6 +236,7 @@ class SlurmCluster:
                 continue
             if holds:
                 held.add("own", names, gpus, j.cpus)
+            tagged.append(j)
             cpus = j.cpus_per_gpu or _cpus_tag(tags)
             if cpus:
                 cpus_per_gpu[j.job_id] = cpus
@@ -288,7 +312,38 @@ class SlurmCluster:
             foreign=tuple(foreign),
             leases=tuple(leases),
             windows=tuple(w for w in self.windows if w.end > now or not w.end),
+            limits=self._limits(tagged),
         )
+
+    def _limits(self, pool: Sequence[SlurmJob]) -> LimitBook:
+        """The limits of the pool's jobs: read with their usage every ``reservation_ttl``
+        seconds, and at once when a job joins the pool (slurmctld keeps a QOS's limit on a
+        user only once the user has a job in it) or Slurm keeps one of them pending for a
+        limit it did not at the last observation (2 Slurm calls); between two reads, the
+        last read's caps for the jobs there are now."""
+        refused = {
+            j.job_id: j.reason
+            for j in pool
+            if j.state == "PENDING" and not j.held and refusal(j.reason) is not None
+        }
+        fresh = any(self._refused.get(k) != v for k, v in refused.items())
+        fresh |= any(j.job_id not in self._book.jobs and j.state not in ENDED_STATES for j in pool)
+        self._refused = refused
+        if not fresh and time.monotonic() - self._limits_read_at <= self.reservation_ttl:
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_read_at = time.monotonic()
+        try:
+            self._assoc = self.backend.limits(sorted({j.user for j in pool if j.user}))
+        except HpcorchError as exc:
+            if self._limits_warned != str(exc):
+                self._limits_warned = str(exc)
+                logger.warning("cannot read Slurm's limits (%s): planning with the last read", exc)
+            self._book = rekey(self._book, *self._assoc, pool)
+            return self._book
+        self._limits_warned = ""
+        self._book = limit_book(*self._assoc, pool, time.time())
+        return self._book
 
     def _sweep_spool(self, known: Iterable[int]) -> None:
         """Remove the plans of jobs Slurm no longer lists (every ``reservation_ttl``)."""
@@ -299,30 +354,22 @@ class SlurmCluster:
 
     # --- the pool's lease (hpcorch/controller/lease.py) ---------------------------------
     def lease_jobs(self) -> list[LeaseJob]:
-        return [
-            _lease(j)
-            for j in self.backend.jobs(self.reservation)
-            if j.reservation == self.reservation and j.comment.startswith(LEASE_TAG)
-        ]
+        return self.leases.lease_jobs()
 
     def create_lease(self, comment: str) -> int:
-        """A held placeholder job in the reservation, never run (``exit 0`` if an operator
-        released it), on the partition of the pool's nodes."""
-        args = ["--hold", f"--reservation={self.reservation}", f"--job-name={LEASE_NAME}"]
-        args += ["--nodes=1", "--time=1", "--output=/dev/null", "--chdir=/"]
-        args += [f"--comment={comment}"]
+        return self.leases.create_lease(comment)
+
+    def write_lease(self, slurm_id: int, comment: str) -> None:
+        self.leases.write_lease(slurm_id, comment)
+
+    def drop_lease(self, slurm_id: int) -> None:
+        self.leases.drop_lease(slurm_id)
+
+    def _lease_partition(self) -> str:
         if not self._partition:
             pool = set(self.reservation_nodes())
             self._partition = _common_partition([n for n in self.backend.nodes() if n.name in pool])
-        if self._partition:
-            args.append(f"--partition={self._partition}")
-        return self.backend.submit("#!/bin/sh\nexit 0\n", args)
-
-    def write_lease(self, slurm_id: int, comment: str) -> None:
-        self.backend.set_comment(slurm_id, comment)
-
-    def drop_lease(self, slurm_id: int) -> None:
-        self._tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))
+        return self._partition
 
     # --- actions ------------------------------------------------------------------------
     def start(self, slurm_id: int, shape: Shape) -> None:
@@ -440,10 +487,6 @@ def _common_partition(nodes: Sequence[SlurmNode]) -> str:
         return ""
     rest = [set(n.partitions) for n in nodes[1:]]
     return next((p for p in nodes[0].partitions if all(p in r for r in rest)), "")
-
-
-def _lease(j: SlurmJob) -> LeaseJob:
-    return LeaseJob(j.job_id, j.uid, j.comment, ended=j.state in ENDED_STATES)
 
 
 def _cpus_tag(tags: dict[str, str]) -> int:

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hpcorch.cluster import LEASE_NAME
+
 _GPU_RE = re.compile(r"(?:^|[,/])(?:gres[:/])?gpu(?::[A-Za-z0-9_.-]+)?[:=](\d+)")
 
 
@@ -272,10 +274,11 @@ def _flag(value: Any, default: bool) -> bool:
 
 def parse_squeue(doc: Mapping[str, Any], reservation: str | None = None) -> list[SlurmJob]:
     """Jobs from a ``squeue --json`` document (any supported version); only those of
-    ``reservation`` when given (a site's queue holds many other jobs: they are not parsed)."""
+    ``reservation`` when given, and lease jobs (a site's queue holds many other jobs: they
+    are not parsed)."""
     jobs = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
     if reservation is not None:
-        jobs = [j for j in jobs if j.get("resv_name") == reservation]
+        jobs = [j for j in jobs if j.get("resv_name") == reservation or j.get("name") == LEASE_NAME]
     return [_job(j) for j in jobs]
 
 

@@ -27,7 +27,9 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
 
+from hpcorch.cluster import LEASE_NAME
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.pyslurm_map import (
@@ -113,7 +115,9 @@ class PySlurmBackend:
         return [
             job_from_pyslurm(j)
             for j in self._load_jobs()
-            if reservation is None or _str(j.reservation) == reservation
+            if reservation is None
+            or _str(j.reservation) == reservation
+            or _str(j.name) == LEASE_NAME
         ]
 
     def nodes(self) -> list[SlurmNode]:
@@ -239,6 +243,12 @@ class PySlurmBackend:
 
     def fair_shares(self) -> dict[str, float]:
         return self.cli.fair_shares()  # pyslurm 25.11 has no sshare
+
+    def limits(self, users: Sequence[str] = ()) -> tuple[AssocMgr, dict[str, Partition]]:
+        """Through ``scontrol show assoc_mgr``: pyslurm 25.11 reads associations and QOS
+        from slurmdbd (``pyslurm.db``): its QOS carry no limits, and its associations not
+        what slurmctld counts against them now, which the plan needs."""
+        return self.cli.limits(users)
 
     def extend_reservation(self, name: str, end_time: float) -> None:
         self.cli.extend_reservation(name, end_time)

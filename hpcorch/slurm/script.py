@@ -38,6 +38,7 @@ from hpcorch.protocol import (
     ENV_STOP_SIGNAL,
     ENV_TIME_BUDGET,
     JOB_COMMENT_TAG,
+    SIGNAL_LEAD_S,
 )
 from hpcorch.timefmt import DurationError, parse_duration
 
@@ -114,7 +115,7 @@ class JobSpec:
     reservation: str | None = None
     time_limit: str | None = None
     python: str | None = None
-    signal_lead_s: int = 120
+    signal_lead_s: int = SIGNAL_LEAD_S
     app: str | None = None
     """Application name: jobs of one application share a throughput model."""
     managed: bool = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from hpcorch.controller.store import JobRecord, Store
@@ -139,9 +140,17 @@ def shared_spool(s: Site) -> Path:
 
 
 def submit(
-    s: Site, user: str, reservation: str, lo: int, hi: int, *job_args: str, spool: Path
+    s: Site,
+    user: str,
+    reservation: str,
+    lo: int,
+    hi: int,
+    *job_args: str,
+    spool: Path,
+    options: Sequence[str] = (),
 ) -> int:
-    """``user``'s pool job running JOB_SH with ``job_args``, through `hpcorch submit`."""
+    """``user``'s pool job running JOB_SH with ``job_args``, through `hpcorch submit` with
+    ``options`` (before the script)."""
     script = s.user_home(user) / "contract-job.sh"
     if not script.exists():
         script.write_text(JOB_SH)
@@ -151,7 +160,7 @@ def submit(
     out = s.as_user(
         user, PYTHON, "-m", "hpcorch", "submit", "--pool", reservation, "--mode", "managed",
         "--min-gpus", str(lo), "--max-gpus", str(hi), "--batch-size", "32", "--parsable",
-        str(script), *job_args, env=env,
+        *options, str(script), *job_args, env=env,
     )  # fmt: skip
     return int(out.stdout.strip())
 

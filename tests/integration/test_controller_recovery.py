@@ -5,14 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
-import click
-import numpy
 import pytest
 
 from tests.conftest import REPO, Pool
@@ -24,6 +21,7 @@ from tests.integration.controller_util import (
     submit,
     wait_for,
 )
+from tests.integration.users import PYTHON, can_run, ensure_user, install_site
 
 pytestmark = pytest.mark.slurm
 
@@ -235,31 +233,19 @@ def test_second_controller_on_one_state_dir_is_refused(env_pool: Pool, tmp_path:
         cleanup(env_pool, res)
 
 
-def _second_user(tmp_path: Path) -> tuple[str, dict[str, str]] | None:
-    """A non-root user that can run hpcorch (Debian's python3 + copies of click, numpy)."""
-    if os.geteuid() != 0 or not Path("/usr/bin/python3").exists():
+def _second_user() -> str | None:
+    """A non-root user that runs hpcorch as the site installs it (slurm/install-site)."""
+    if can_run():
         return None
-    if subprocess.run(["id", "hpcorch-test"], capture_output=True).returncode != 0:
-        subprocess.run(["useradd", "-M", "hpcorch-test"], check=True)
-    site = tmp_path / "site"
-    for mod in (click, numpy):
-        src = Path(mod.__file__).parent
-        shutil.copytree(src, site / src.name)
-    libs = Path(numpy.__file__).parent.parent / "numpy.libs"
-    if libs.exists():
-        shutil.copytree(libs, site / "numpy.libs")
-    for p in [tmp_path, *tmp_path.parents]:
-        if p != Path("/"):
-            p.chmod(p.stat().st_mode | 0o005)
-    subprocess.run(["chmod", "-R", "o+rX", str(site)], check=True)
-    return "hpcorch-test", {"PYTHONPATH": f"{site}:{REPO}"}
+    ensure_user("hpcorch-test")
+    install_site()
+    return "hpcorch-test"
 
 
-def test_a_user_cannot_resize_another_users_job(env_pool: Pool, tmp_path: Path) -> None:
-    user = _second_user(tmp_path)
-    if user is None:
-        pytest.skip("needs root and /usr/bin/python3 to act as a second user")
-    name, extra = user
+def test_a_user_cannot_resize_another_users_job(env_pool: Pool) -> None:
+    name = _second_user()
+    if name is None:
+        pytest.skip("needs root to act as a second user")
     from tests.conftest import EXAMPLE
 
     out = env_pool.hpcorch(
@@ -268,14 +254,14 @@ def test_a_user_cannot_resize_another_users_job(env_pool: Pool, tmp_path: Path) 
     )  # fmt: skip
     job = int(out.stdout.strip())
     try:
-        env = {**env_pool.env, **extra}
+        env = {k: v for k, v in env_pool.env.items() if k != "PYTHONPATH"}
         r = subprocess.run(
             [
                 "runuser",
                 "-u",
                 name,
                 "--",
-                "/usr/bin/python3",
+                PYTHON,
                 "-m",
                 "hpcorch",
                 "resize",

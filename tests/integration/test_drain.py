@@ -74,15 +74,13 @@ def test_a_drained_node_is_given_back_within_a_minute(site: Site) -> None:
 
 
 def test_a_maintenance_window_is_emptied_by_its_start_and_given_back(site: Site) -> None:
-    """A MAINT reservation on n2 from T (here 4 minutes ahead): the job started on n1 and
+    """A MAINT reservation on n2 from T (here 6 minutes ahead): the job started on n1 and
     n2 gets a time limit that ends before T (Slurm would not start it there otherwise),
-    leaves n2 before T (at T - 120 s: the preemption bound is less with --grace 10), and
-    returns to it once the window is over."""
+    leaves n2 before T (at T - 180 s: before Slurm's checkpoint signal ahead of that limit),
+    and returns to it once the window is over."""
     make_reservation(site, "open")
     spool = shared_spool(site)
-    host = Host(site, "host-maint", "open", spool, "--nodes", "n1,n2", "--grace", "10")
-    host.start()
-    window_s, length_min = 240, 1
+    window_s, length_min = 360, 1
     start = time.time() + window_s
     r = site.slurm(
         "scontrol", "create", "reservation", "ReservationName=maint", "Nodes=n2",
@@ -90,6 +88,8 @@ def test_a_maintenance_window_is_emptied_by_its_start_and_given_back(site: Site)
         "Flags=MAINT,IGNORE_JOBS",
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
+    host = Host(site, "host-maint", "open", spool, "--nodes", "n1,n2", "--grace", "10")
+    host.start()
     try:
         job = submit(site, ALICE, "open", 1, 8, "good", spool=spool)
         wait_for("alice's job on both nodes", lambda: nodes_of(site, job) == "n[1-2]", 120,

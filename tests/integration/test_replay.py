@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, pool_port_base, slurm_release
-from tests.integration.users import can_run, world_dir
+from tests.integration.users import PREFIX, can_run, install_site, world_dir
 
 pytestmark = pytest.mark.slurm
 
@@ -31,13 +31,14 @@ def test_a_short_replay_completes_with_slurms_view_of_the_gpus(tmp_path: Path) -
     if why:
         pytest.skip(why)
     out = tmp_path / "replay.json"
-    work = world_dir("hpcorch-replay-")  # the users' homes and packages: pytest's tmp is 0700
+    work = world_dir("hpcorch-replay-")  # the users' homes and jobs: pytest's tmp is 0700
+    install_site()  # the users' hpcorch, installed once for the session
     pool_dir = Path(os.environ.get("HPCORCH_TEST_POOL_DIR", REPO / ".run" / "test-pool"))
     argv = [
         sys.executable, str(REPO / "benchmarks" / "replay.py"), "--jobs", "8",
         "--time-scale", "0.01", "--slurm", slurm_release(),
         "--pool-dir", f"{pool_dir}-replay", "--port-base", str(pool_port_base() + 300),
-        "--work", str(work), "--out", str(out),
+        "--work", str(work), "--site", str(PREFIX), "--out", str(out),
         "--picture", str(tmp_path / "replay.png"), "--timeout", "900",
     ]  # fmt: skip
     try:

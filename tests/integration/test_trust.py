@@ -321,7 +321,8 @@ def run_unit(
     command, with ProtectSystem=strict as systemd makes it (a private mount namespace in
     which everything is read-only but ReadWritePaths); /var/lib/hpcorch is ``var_lib``.
     ``writable``: more ReadWritePaths, as a site adds for a spool its hosts share."""
-    unit = unit_service(UNIT)
+    installed = s.prefix / "share" / "hpcorch"  # the unit as slurm/install-site put it
+    unit = unit_service(installed / "systemd" / UNIT.name)
     (user,), (group,) = unit["User"], unit["Group"]
     assert (user, group) == (CONTROLLER, CONTROLLER)
     assert unit["ProtectSystem"] == ["strict"] and unit["NoNewPrivileges"] == ["yes"]
@@ -338,13 +339,13 @@ def run_unit(
         key, _, value = assignment.partition("=")
         env[key] = local(value) if key != "SLURM_CONF" else s.env["SLURM_CONF"]
     argv = shlex.split(unit["ExecStart"][0])
-    assert argv[0].endswith("/bin/hpcorch")
+    assert argv[0] == str(s.prefix / "bin" / "hpcorch"), argv  # the installed command
     # --config /etc/hpcorch/controller.toml: the example file as an admin installs it
     conf = var_lib.parent / "controller.toml"
-    conf.write_text(local((UNIT.parent / "hpcorch-controller.toml").read_text()))
+    conf.write_text(local((installed / "examples" / "controller.toml").read_text()))
     conf.chmod(0o644)
     argv = [str(conf) if a == "/etc/hpcorch/controller.toml" else a for a in argv]
-    argv = [PYTHON, "-m", "hpcorch", *argv[1:], *extra]
+    argv = [*argv, *extra]
     rw = [local(p) for v in unit["ReadWritePaths"] for p in v.split()]
     rw += [str(p) for p in writable]
     binds = " && ".join(f"mount --bind {shlex.quote(p)} {shlex.quote(p)}" for p in rw)

@@ -2,26 +2,28 @@
 (``hpcorch``), jobs as two others, as at a site.
 
 Needs root (to create the users, and for ``slurm/pool up --slurm-user``). The users run
-Debian's /usr/bin/python3 with a copy of hpcorch, click and numpy in a world-readable
-directory, so nothing depends on the checkout's or the virtual environment's permissions.
+hpcorch as a site installs it for everyone (slurm/install-site): a virtual environment on
+Debian's /usr/bin/python3 with hpcorch installed from a wheel of this checkout, outside the
+checkout (which may sit where other users cannot pass), and the environment its module
+file sets. Nothing depends on the checkout's or the development environment's permissions.
 """
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-import numpy
-import prometheus_client
 import pytest
 
 from tests.conftest import POOL_SCRIPT, REPO, Pool, pool_env, slurm_release
@@ -29,42 +31,62 @@ from tests.conftest import POOL_SCRIPT, REPO, Pool, pool_env, slurm_release
 CONTROLLER = "hpcorch"
 ALICE = "hpcorch-alice"
 BOB = "hpcorch-bob"
-PYTHON = "/usr/bin/python3"
+INSTALL = REPO / "slurm" / "install-site"
+PREFIX = Path(
+    os.environ.get("HPCORCH_TEST_SITE")
+    or f"/var/cache/hpcorch/test-site-{zlib.crc32(str(REPO).encode()):08x}"
+)
+"""The installation the users run: one per checkout, kept between sessions (torch is
+installed once; a changed tree is rebuilt in seconds), $HPCORCH_TEST_SITE to move it."""
+SITE_OPTIONS = ("--with-torch", "--extras", "prometheus,sim", "--state-dir", "none")
+"""What the tests install: torch and the simulator for the replay's jobs, prometheus-client
+for `hpcorch metrics`; each test names its controller's state directory and spool."""
+PYTHON = str(PREFIX / "bin" / "python")
+"""The installation's interpreter (``PYTHON -m hpcorch`` is the installed hpcorch)."""
 
 
 def can_run() -> str | None:
     """Why the multi-user tests cannot run here, or None."""
     if os.geteuid() != 0:
         return "needs root to create users and run jobs as them"
-    for tool in ("useradd", "setpriv", PYTHON):
+    for tool in ("useradd", "setpriv", "python3"):  # PYTHON is made by install_site()
         if not shutil.which(tool):
             return f"needs {tool}"
     return None
 
 
 def ensure_user(name: str, system: bool = False) -> int:
-    """The uid of ``name``, created (without a home) if missing."""
-    if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-        argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
-        subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
+    """The uid of ``name``, created (without a home) if missing: under a lock, since test
+    sessions side by side (.ci/run's lanes) may make the same user at the same moment."""
+    with open("/tmp/hpcorch-test-users.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+            argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+            subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
     return int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout)
 
 
-def make_site(root: Path) -> Path:
-    """A world-readable copy of what the users run: hpcorch, the job wrapper, click, numpy,
-    prometheus-client."""
-    site = root / "site"
-    ignore = shutil.ignore_patterns("__pycache__", "data")
-    shutil.copytree(REPO / "hpcorch", site / "hpcorch", ignore=ignore)
-    shutil.copytree(REPO / "jobscripts", site / "jobscripts")
-    for mod in (click, numpy, prometheus_client):  # hpcorch metrics, through the controller
-        src = Path(str(mod.__file__)).parent
-        shutil.copytree(src, site / src.name, ignore=shutil.ignore_patterns("__pycache__"))
-    libs = Path(str(numpy.__file__)).parent.parent / "numpy.libs"
-    if libs.exists():
-        shutil.copytree(libs, site / "numpy.libs")
-    subprocess.run(["chmod", "-R", "a+rX", str(site)], check=True)
-    return site
+@functools.cache
+def install_site() -> Path:
+    """slurm/install-site PREFIX (SITE_OPTIONS), once per session; the prefix. Quick when
+    it is up to date; the first time on a machine (torch) takes minutes."""
+    argv = [str(INSTALL), str(PREFIX), *SITE_OPTIONS, "--quiet"]
+    res = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise AssertionError(f"slurm/install-site failed: {res.stderr[-3000:]}")
+    return PREFIX
+
+
+def module_env(prefix: Path) -> dict[str, str]:
+    """What `module load hpcorch` sets, read from the installation's Lmod file: the
+    variables, and PATH with the installation's entry first."""
+    (lua,) = (prefix / "share" / "lmod" / "hpcorch").glob("*.lua")
+    env: dict[str, str] = {}
+    for kind, key, value in re.findall(
+        r'^(setenv|prepend_path)\("([A-Z_]+)", "([^"]*)"\)$', lua.read_text(), re.M
+    ):
+        env[key] = value if kind == "setenv" else f"{value}:{env.get(key, '')}".rstrip(":")
+    return env
 
 
 def world_dir(prefix: str) -> Path:
@@ -80,7 +102,7 @@ class Site:
     make a user a Slurm operator without slurmdbd), and the users' environment."""
 
     root: Path
-    site: Path
+    prefix: Path
     pool_dir: Path
     env: dict[str, str]
     uids: dict[str, int]
@@ -105,7 +127,8 @@ class Site:
     def hpcorch(
         self, user: str, *args: str, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        return self.as_user(user, PYTHON, "-m", "hpcorch", *args, check=check)
+        """`hpcorch ARGS` as ``user``, the command the module put on PATH."""
+        return self.as_user(user, "hpcorch", *args, check=check)
 
     def slurm(self, *argv: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(list(argv), env=self.env, text=True, capture_output=True)
@@ -127,31 +150,33 @@ class Site:
         return {**self.env, "HPCORCH_HOME": str(self.user_home(user)), **extra}
 
 
-def start_site(port: int, closed: str = "") -> Site:
-    """Users, a world-readable copy of hpcorch, and a 2-node pool whose SlurmUser is the
+def start_site(port: int, closed: str = "", memory: bool = False) -> Site:
+    """Users, the site installation of hpcorch, and a 2-node pool whose SlurmUser is the
     controller's user, on port base ``port``; ``closed``: the Lua pattern of reservation
-    names Slurm keeps closed (slurm/job_submit.lua; '' for none)."""
+    names Slurm keeps closed (slurm/job_submit.lua; '' for none); ``memory``: the pool
+    schedules memory (slurm/pool up --memory)."""
     uids = {CONTROLLER: ensure_user(CONTROLLER, system=True)}
     for user in (ALICE, BOB):
         uids[user] = ensure_user(user)
+    prefix = install_site()
     root = world_dir("hpcorch-site-")
-    site = make_site(root)
     pool_dir = root / "pool"
+    module = module_env(prefix)
     env = {
-        "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
         "LANG": "C.UTF-8",
         "HPCORCH_POOL_DIR": str(pool_dir),
-        "PYTHONPATH": str(site),
         "PYTHONDONTWRITEBYTECODE": "1",
-        "HPCORCH_WRAPPER": str(site / "jobscripts" / "hpcorch-run.sbatch"),
         "HPCORCH_SLURM_BACKEND": "cli",
+        **module,  # `module load hpcorch`: PATH, HPCORCH_WRAPPER
+        "PATH": f"{module['PATH']}:/usr/sbin:/usr/bin:/sbin:/bin",
     }
     up = [str(POOL_SCRIPT), "up", "--nodes", "2", "--port-base", str(port)]
     up += ["--slurm", slurm_release(), "--slurm-user", CONTROLLER]
     up += ["--closed", closed] if closed else ["--open"]
+    up += ["--memory"] if memory else []
     subprocess.run(up, env=env, check=True, capture_output=True, text=True)
     env = pool_env(env)
-    return Site(root=root, site=site, pool_dir=pool_dir, env=env, uids=uids)
+    return Site(root=root, prefix=prefix, pool_dir=pool_dir, env=env, uids=uids)
 
 
 def stop_site(s: Site) -> None:
@@ -178,7 +203,9 @@ def sbatch_as(s: Site, user: str, comment: str, reservation: str, extra: Sequenc
 
 
 @contextmanager
-def site_beside(pool: Pool, offset: int = 50, closed: str = "") -> Iterator[Site]:
+def site_beside(
+    pool: Pool, offset: int = 50, closed: str = "", memory: bool = False
+) -> Iterator[Site]:
     """A site pool (start_site) on the test pool's port base + ``offset`` (+17 and +101..
     of the test pool never meet +67, +151..), stopped after; skipped (failed in CI) where
     users cannot be made. One module at a time uses a given offset."""
@@ -189,7 +216,7 @@ def site_beside(pool: Pool, offset: int = 50, closed: str = "") -> Iterator[Site
         pytest.skip(why)
     settings = (pool.dir / "pool.env").read_text()
     port = int(re.search(r"^port_base=(\d+)", settings, re.M).group(1))  # type: ignore[union-attr]
-    s = start_site(port + offset, closed)
+    s = start_site(port + offset, closed, memory)
     try:
         yield s
     finally:

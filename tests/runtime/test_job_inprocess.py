@@ -12,6 +12,8 @@ import torch.distributed as dist
 from torch.utils.data import TensorDataset
 
 import hpcorch.runtime as hr
+from hpcorch.planner import LaunchPlan
+from hpcorch.protocol import PLAN_FILE
 from hpcorch.runtime import checkpoint as ckpt
 from tests.runtime.harness import free_port
 
@@ -157,7 +159,7 @@ def test_checkpoint_without_its_fields_is_one_clear_error(
 
 
 class _DeviceWait:
-    """torch.distributed for the job module, whose step-boundary all-reduce waits 0.2 s: what
+    """torch.distributed for the launch module, whose step-boundary all-reduce waits 0.2 s: what
     a rank on a GPU does there, where the kernels the training loop only queued finish."""
 
     def __getattr__(self, name: str) -> object:
@@ -176,9 +178,9 @@ def test_step_time_includes_the_wait_for_the_device(
 ) -> None:
     import json
 
-    import hpcorch.runtime.job as job_module
+    import hpcorch.runtime.launch as launch_module
 
-    monkeypatch.setattr(job_module, "dist", _DeviceWait())
+    monkeypatch.setattr(launch_module, "dist", _DeviceWait())
     job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
     model = job.wrap(torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -205,3 +207,25 @@ def test_one_rank_has_no_noise_hook(one_rank: Path, monkeypatch: pytest.MonkeyPa
     job.track(model, opt)
     train(job, model, opt, steps=2)
     assert calls == [] and job.noise_scale is None
+
+
+def test_a_launch_that_finds_no_checkpoint_after_earlier_launches_trained_says_so(
+    one_rank: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = LaunchPlan(global_batch=8, gpus=1, max_micro_batch=8, launch=3, trained_step=120)
+    (one_rank / PLAN_FILE).write_text(plan.to_json())
+    job = hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    assert job.global_step == 0
+    err = capsys.readouterr().err
+    assert "this launch starts from step 0, but earlier launches of this job trained to " in err
+    assert "step 120: no checkpoint in " in err and "their work is lost" in err
+
+
+def test_a_first_launch_says_nothing_of_earlier_work(
+    one_rank: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = LaunchPlan(global_batch=8, gpus=1, max_micro_batch=8)
+    assert "trained_step" not in plan.to_json()  # plan files read by older runtimes
+    (one_rank / PLAN_FILE).write_text(plan.to_json())
+    hr.init(global_batch=8, max_micro_batch=8, final_checkpoint=False)
+    assert "starts from step 0" not in capsys.readouterr().err
