@@ -18,7 +18,7 @@ from hpcorch.cluster import Observation, Shape
 from hpcorch.controller.loop import Controller
 from hpcorch.controller.service import serve
 from hpcorch.controller.store import Store
-from hpcorch.errors import SlurmUnavailable
+from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.policy.share import SharePolicy
 from hpcorch.slurm.backend import SlurmCLI
 from tests.test_controller_logic import CFG, FakeCluster
@@ -223,3 +223,51 @@ def test_a_command_that_outlasts_its_timeout_is_slurm_down_only_if_ping_says_so(
     want = SlurmCommandError if up else SlurmUnavailable
     with pytest.raises(want, match="scancel did not"):
         cli.cancel(7, signal="USR2", batch_only=True)
+
+
+@dataclass
+class Garbled(Stalling):
+    """While slurmctld is stopped, a command fails with an error that does not say so:
+    Slurm 22.05's ``scontrol update`` of the lease's job answered "Unexpected message
+    received for job 2" during a 30 s SIGSTOP on the real pool."""
+
+    def observe(self) -> Observation:
+        self.observes += 1
+        if not self.answers:
+            raise SlurmCommandError("scontrol failed: Unexpected message received for job 2")
+        return FakeCluster.observe(self)
+
+
+@pytest.mark.parametrize("down", [True, False], ids=["ping-fails", "ping-answers"])
+def test_a_failed_cycle_is_an_outage_when_slurm_does_not_answer_a_ping(
+    tmp_path: Path, down: bool
+) -> None:
+    c = Garbled()
+    c.add(1, 1, 8)
+    ctl, lines = make(tmp_path, c)
+    ctl.cycle()
+    if down:
+        run_for(ctl, c, 200, down=(5, 65))
+    else:  # Slurm answers pings: the command itself failed, a cycle failure like any
+        end = c.t + 200
+        state = {"n": 0}
+
+        def sleep(s: float) -> None:
+            c.t += max(s, 0.01)
+            state["n"] += 1
+
+        def observe() -> Observation:
+            if state["n"] < 3:
+                raise SlurmCommandError("scontrol failed: Invalid job id specified")
+            return FakeCluster.observe(c)
+
+        c.observe = observe  # type: ignore[method-assign]
+        serve(ctl, lambda: c.t >= end, sleep)
+    said = [ln for ln in lines if "Slurm" in ln or "cycle failed" in ln]
+    if down:
+        assert [ln.split(" (")[0] for ln in said] == [
+            "Slurm does not answer",
+            "Slurm answers again after 60 s",
+        ], said
+    else:
+        assert len(said) == 1 and said[0].startswith("cycle failed, retrying in 10 s"), said

@@ -111,7 +111,7 @@ def serve(
                     )
                 sleep(config.interval_s)
                 continue
-            if unavailable(exc):
+            if unavailable(exc) or not _answers(ctl):
                 if outage is None:
                     outage = Outage(since=t0, why=describe(exc))
                     ctl.warn(
@@ -148,6 +148,17 @@ def serve(
         if not ctl.in_flight():  # the next full cycle is due interval_s after this one
             wait = max(0.0, last_full + ctl.config.interval_s - t0)
         sleep(max(0.0, wait - (clock() - t0)))
+
+
+def _answers(ctl: Controller) -> bool:
+    """Whether Slurm answers a ping, after a cycle failed with an error that does not say
+    it did not (a command run while slurmctld was stopped may fail otherwise: Slurm
+    22.05's ``scontrol update`` answered "Unexpected message received")."""
+    try:
+        ctl.cluster.ping()
+    except Exception:
+        return False
+    return True
 
 
 def _slowness(
