@@ -68,3 +68,21 @@ def test_the_policy_is_never_shown_a_node_fuller_than_it_is() -> None:
     assert dict(views["82"].placement) == {1: 7, 7: 2}  # where Slurm runs it
     for name in ("ones", "share", "tiresias"):
         validate_plan(snap, split_schedule(make_policy(name, 0), snap))
+
+
+def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> None:
+    """Slurm drained three of four nodes (Kill task failed) after slurmctld was stopped
+    for 120 s; the jobs on them were stopping. Their GPUs were shown to the policy as the
+    node's (a leaving node counted the GPUs of the jobs on it), so it planned new starts
+    there, which were then found blocked and planned again, every cycle."""
+    from hpcorch.controller.availability import Fate, planned_nodes
+
+    why = "drained by an admin (Reason=Kill task failed)"
+    nodes = (PoolNode("n1", 4, 4, False, leaving=why), PoolNode("n2", 4, 4, True))
+    records = [
+        rec(5, "stopping", gpus=4, nodes=1, node_list="n1", node_gpus="4"),
+        rec(6, "running", gpus=4, nodes=1, node_list="n2", node_gpus="4"),
+    ]
+    fate = {"n1": Fate(100.0, 100.0, 0.0, why)}
+    n1, n2 = planned_nodes(nodes, records, fate, {}, 100.0)
+    assert n1.gpus == 0 and n2 == nodes[1]

@@ -121,11 +121,12 @@ def planned_nodes(
 ) -> tuple[PoolNode, ...]:
     """The pool as the policy is to plan it: a node being left, or closed to new launches,
     counts only the GPUs the jobs that stay on it hold (and those of jobs the controller
-    did not place); every other node as it is."""
+    did not place); every other node as it is. A stopping job does not stay: its GPUs
+    there, once free, are for no new launch."""
     index = {n.name: i for i, n in enumerate(nodes)}
     staying = [0] * len(nodes)
     for rec in records:
-        if rec.phase in ("running", "stopping", "starting") and rec.slurm_id not in moving:
+        if rec.phase in ("running", "starting") and rec.slurm_id not in moving:
             for i, g in placement_of(rec, index).items():
                 staying[i] += g
     out = []
