@@ -114,6 +114,27 @@ def pool_up(
     return pool_env(pool_dir)
 
 
+def resume_unkillable(env: dict[str, str]) -> list[str]:
+    """Nodes Slurm drained with ``Reason=Kill task failed``, resumed as an admin would
+    after an incident: a step that ended while slurmctld was stopped could not report its
+    end, and slurmstepd gave up on it after ``UnkillableStepTimeout`` (seen on 22.05 after
+    a 120 s SIGSTOP). Their names ([] if none, or if Slurm did not answer)."""
+    try:
+        res = subprocess.run(
+            ["sinfo", "-h", "-N", "-o", "%N|%E"],
+            env=env, capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return []
+    rows = [ln.split("|", 1) for ln in res.stdout.splitlines() if "|" in ln]
+    names = sorted({n for n, why in rows if why.startswith("Kill task failed")})
+    if names and res.returncode == 0:
+        argv = ["scontrol", "update", f"NodeName={','.join(names)}", "State=RESUME"]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(argv, env=env, capture_output=True, timeout=30, check=False)
+    return names if res.returncode == 0 else []
+
+
 def pool_down(pool_dir: Path) -> None:
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     subprocess.run([str(POOL), "down"], env=env, capture_output=True, check=False)

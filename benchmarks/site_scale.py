@@ -225,6 +225,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         todo = list(jobs)
         last_said = last_poll = 0.0
         drained = False
+        resumed: list[list[Any]] = []
         while True:
             now = time.time()
             while todo and t0 + todo[0].time <= now:
@@ -237,6 +238,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if now - last_poll >= args.poll_every:
                 last_poll = now
                 watch.poll(env, set(ids.values()))
+                for node in sp.resume_unkillable(env):
+                    resumed.append([round(now - t0, 1), node])
+                    say(f"{node} drained by Slurm (Kill task failed): resumed, as an admin would")
             ph = phases(s.state / "state.db")
             ended = sum(1 for i in ids.values() if ph.get(i) in ENDED)
             if not todo and not drained and len(taken) == len(jobs):
@@ -346,6 +350,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if i.start
         ],
         "unplanned_launches": log.count("unplanned:"),
+        "nodes_resumed": resumed,
         "launches_without_a_start": launches_without_a_start(db),
         "light_job_startup_s": job_startups(db),
     }
