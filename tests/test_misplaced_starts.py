@@ -86,3 +86,11 @@ def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> No
     fate = {"n1": Fate(100.0, 100.0, 0.0, why)}
     n1, n2 = planned_nodes(nodes, records, fate, {}, 100.0)
     assert n1.gpus == 0 and n2 == nodes[1]
+
+
+def test_a_start_planned_on_a_node_taken_out_of_service_says_so() -> None:
+    why = "drained by an admin (Reason=Kill task failed)"
+    nodes = (PoolNode("n1", 4, 0, False, leaving=why), PoolNode("n2", 4, 0, True))
+    records = [rec(7, "starting", target_gpus=4, target_placement=json.dumps({0: 4}))]
+    (said,) = blocked_starts(records, nodes).values()
+    assert f"n1: out of service ({why})" in said and said.endswith("planned again")

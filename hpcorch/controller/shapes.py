@@ -50,6 +50,7 @@ def blocked_starts(records: Sequence[JobRecord], nodes: Sequence[PoolNode]) -> d
     free those GPUs; the job is to be planned afresh."""
     names = tuple(n.name for n in nodes)
     free = {n.name: max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes}
+    unusable = {n.name: n.leaving or "down" for n in nodes if not n.usable}
     holders: dict[str, list[str]] = {}
     for r in records:
         if r.phase != "running" or not r.gpus:
@@ -66,11 +67,16 @@ def blocked_starts(records: Sequence[JobRecord], nodes: Sequence[PoolNode]) -> d
     for sid, claim in start_claims(records, names).items():
         short = {n: c for n, c in claim.items() if free.get(n, 0) < c}
         if short:
+            gone = {n: why for n, why in unusable.items() if n in short}
             what = "; ".join(
-                f"{n}: {max(0, free.get(n, 0))} of {c} free, jobs {' '.join(holders.get(n, []))}"
+                f"{n}: out of service ({gone[n]})"
+                if n in gone
+                else f"{n}: {max(0, free.get(n, 0))} of {c} free, jobs "
+                + " ".join(holders.get(n, []))
                 for n, c in short.items()
             )
-            out[sid] = f"its planned GPUs are held by running jobs ({what}): planned again"
+            held = "are out of service or held" if gone else "are held"
+            out[sid] = f"its planned GPUs {held} by running jobs ({what}): planned again"
         for n, c in claim.items():
             free[n] = free.get(n, 0) - c
             holders.setdefault(n, []).append(f"{sid}:{c} (starting)")
