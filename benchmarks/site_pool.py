@@ -103,7 +103,12 @@ def pool_env(pool_dir: Path) -> dict[str, str]:
 def pool_up(
     pool_dir: Path, nodes: int, gpus: int, cpus: int, port: int, slurm: str
 ) -> dict[str, str]:
-    """The pool (slurm/pool up), slurmctld running as the controller's user."""
+    """The pool (slurm/pool up), slurmctld running as the controller's user, with empty
+    state: a run interrupted before it brought its pool down left its reservation and its
+    controller's lease in slurmctld's state, which the next run's controller would find
+    held (and stand by)."""
+    pool_down(pool_dir)
+    shutil.rmtree(pool_dir / "state", ignore_errors=True)
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     argv = [str(POOL), "up", "--nodes", str(nodes), "--gpus-per-node", str(gpus)]
     argv += ["--cpus-per-node", str(cpus), "--port-base", str(port), "--slurm", slurm]

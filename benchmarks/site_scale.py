@@ -393,6 +393,10 @@ def simulate(workload: Path, doc: dict[str, Any], args: argparse.Namespace) -> d
     }
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    raise SystemExit(f"site_scale: terminated (signal {signum})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=64)
@@ -435,6 +439,7 @@ def main() -> None:
     args.restart_cost = cost.total - cost.startup_s + args.startup_s
     if os.geteuid() != 0:
         raise SystemExit("site_scale: needs root (it creates users and runs jobs as them)")
+    signal.signal(signal.SIGTERM, _terminated)  # the controller and the pool are stopped
     try:
         doc = run(args)
     finally:
