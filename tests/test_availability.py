@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
-from hpcorch.cluster import Observation, Window
-from hpcorch.controller.availability import LIMIT_MARGIN_S, fates, lead_s
+from hpcorch.cluster import Observation, PoolNode, Window
+from hpcorch.controller.availability import LIMIT_MARGIN_S, Fate, fates, lead_s, planned_nodes
+from hpcorch.controller.store import JobRecord
 from tests.test_contract import ContractCluster, started, steps
 from tests.test_controller_logic import controller
 
@@ -173,3 +175,24 @@ def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_o
     assert c.state(1) == "RUNNING" and c.jobs[1].job.node_names == ("n1",), c.jobs[1].job
     rec = ctl.store.job(1)
     assert rec is not None and rec.time_relaunches == 0 and "moved off n2" in rec.reason
+
+
+def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> None:
+    """Slurm drained nodes (Kill task failed) after slurmctld was stopped for 120 s; the
+    jobs on them were stopping. Their GPUs were shown to the policy as the node's (a
+    leaving node counted the GPUs of the jobs on it), so it planned new starts there,
+    found blocked and planned again, every cycle."""
+    why = "drained by an admin (Reason=Kill task failed)"
+    nodes = (PoolNode("n1", 4, 4, False, leaving=why), PoolNode("n2", 4, 4, True))
+    base: dict[str, Any] = dict(
+        job_key="j", name="j", user="u", job_dir="", app="a", min_gpus=1, max_gpus=64,
+        batch=64, max_batch=4096, max_micro=64, submit_time=0.0, phase_since=0.0, ready=1,
+        gpus=4, nodes=1, node_gpus="4",
+    )  # fmt: skip
+    records = [
+        JobRecord(slurm_id=5, phase="stopping", node_list="n1", **base),
+        JobRecord(slurm_id=6, phase="running", node_list="n2", **base),
+    ]
+    fate = {"n1": Fate(100.0, 100.0, 0.0, why)}
+    n1, n2 = planned_nodes(nodes, records, fate, {}, 100.0)
+    assert n1.gpus == 0 and n2 == nodes[1]

@@ -161,3 +161,23 @@ def test_notes_that_are_not_leases_are_not_parsed() -> None:
     assert parse_note("hpcorch-lease:owner=a:1,token=ab,seq=-1") is None
     note = parse_note("hpcorch-lease:owner=login1:11,token=ab12,seq=7,beat=123")
     assert note is not None and (note.host, note.pid, note.seq) == ("login1", 11, 7)
+
+
+def test_a_holder_back_from_a_hang_mid_observation_does_not_renew_a_lost_lease() -> None:
+    """The holder was stopped (SIGSTOP) after its squeue and before its check: the lease
+    jobs it observed still name it, but the standby took the lease over meanwhile. It reads
+    them again and stops; it never writes its note over the new holder's."""
+    q, clock = Queue(), Clock()
+    a, b = lease(q, clock, "login1", 1), lease(q, clock, "login2", 2)
+    assert a.try_acquire()
+    observed_at = clock.t
+    stale = q.lease_jobs()  # a's observation, then a hangs
+    assert not b.try_acquire()
+    for _ in range(6):  # a's seq does not move for a whole ttl of b's looks
+        clock.t += 15
+        b.try_acquire()
+    assert b.held
+    with pytest.raises(LeaseLost):
+        a.check(stale, observed_at)
+    (job,) = q.jobs.values()
+    assert parse_note(job.comment) is not None and parse_note(job.comment).token == b.token  # type: ignore[union-attr]

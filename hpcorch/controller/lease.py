@@ -222,10 +222,16 @@ class Lease:
         return now - self._seen_since >= self.ttl_s
 
     # --- holding it -------------------------------------------------------------------------
-    def check(self, jobs: Sequence[LeaseJob]) -> None:
+    def check(self, jobs: Sequence[LeaseJob], observed_at: float | None = None) -> None:
         """Before a cycle acts: raise :class:`LeaseLost` unless the pool's lease (in
-        ``jobs``, the cycle's observation) is this controller's; renew it when due, and
-        make a new one if it is gone (an admin cancelled it)."""
+        ``jobs``, the cycle's observation, begun at ``observed_at`` on :attr:`clock`) is
+        this controller's; renew it when due, and make a new one if it is gone (an admin
+        cancelled it). An observation that took longer than a quarter of the time to live
+        (this process was stopped, or Slurm answered slowly, in the middle of it) may be
+        older than a takeover: the lease jobs are read again first, so that a controller
+        back from a hang never renews, over the new holder's note, a lease it lost."""
+        if observed_at is not None and self.clock() - observed_at > self.ttl_s / 4:
+            jobs = self.io.lease_jobs()
         live = self._mine(jobs)
         if live and live[0][1].token != self.token:
             theirs = live[0][1]

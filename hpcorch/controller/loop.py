@@ -147,9 +147,10 @@ class Controller:
     def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
         calls0, slurm_s0 = self.cluster.calls, self.cluster.call_seconds
+        observed_at = self.lease.clock() if self.lease is not None else 0.0
         obs = self.cluster.observe()
-        if self.lease is not None:
-            self.lease.check(obs.leases)  # LeaseLost: another controller acts on the pool
+        if self.lease is not None:  # LeaseLost: another controller acts on the pool
+            self.lease.check(obs.leases, observed_at)
         now = obs.time
         pool_nodes = tuple(n.name for n in obs.nodes)
         observed = {j.slurm_id: j for j in obs.jobs}

@@ -157,6 +157,12 @@ CREATE TABLE IF NOT EXISTS cycles(
 """
 
 
+WAL_PAGES = 128
+"""The controller's write-ahead log is folded into its database every this many pages."""
+WAL_BYTES = 1 << 20
+"""... and cut back to this size after (SQLite's ``journal_size_limit``)."""
+
+
 class StateError(HpcorchError):
     """The state database cannot be used."""
 
@@ -218,6 +224,11 @@ class Store:
                     os.chmod(path, 0o640)
                 self.db.execute("PRAGMA journal_mode=WAL")
                 self.db.execute("PRAGMA synchronous=NORMAL")
+                # the write-ahead log folded into the database every WAL_PAGES pages and cut
+                # back to WAL_BYTES after: SQLite's defaults let it reach 4 MB, in 200 s of
+                # one-second cycles, beside a database of a few pages
+                self.db.execute(f"PRAGMA wal_autocheckpoint={WAL_PAGES}")
+                self.db.execute(f"PRAGMA journal_size_limit={WAL_BYTES}")
             self.db.row_factory = sqlite3.Row
             check = self.db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":

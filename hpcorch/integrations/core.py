@@ -24,11 +24,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from hpcorch import logsetup
 from hpcorch.integrations.layout import Position, StepSpan, spans
 from hpcorch.planner import BatchPlan, BatchPlanError, plan_batch
-from hpcorch.protocol import ENV_GLOBAL_BATCH, EXIT_CONFIG
-from hpcorch.runtime.config import ConfigError, Settings, resolve
+from hpcorch.protocol import ENV_GLOBAL_BATCH
+from hpcorch.runtime.config import Settings, settings_or_exit
 from hpcorch.runtime.dist import DistInfo, destroy_process_group, free_port
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.launch import Agreement, Launch
@@ -75,24 +74,19 @@ def settle(
 ) -> Settings:
     """This launch's settings (plan > environment > the script's own batch); a bad plan or
     setting ends the launch with one line and exit code 78, as the runtime does."""
-    try:
-        return resolve(
-            os.environ,
-            world_size=info.world_size,
-            global_batch=global_batch,
-            max_micro_batch=max_micro_batch,
-            lr_scaling=lr_scaling,
-            min_global_batch=min_global_batch,
-            max_global_batch=max_global_batch,
-            job_dir=None,
-            checkpoint_signal=None,
-            checkpoint_interval=None,
-            metrics_interval=None,
-        )
-    except ConfigError as e:
-        if info.rank == 0:
-            logsetup.ensure("hpcorch").error("%s", e)
-        raise SystemExit(EXIT_CONFIG) from None
+    return settings_or_exit(
+        info.rank,
+        world_size=info.world_size,
+        global_batch=global_batch,
+        max_micro_batch=max_micro_batch,
+        lr_scaling=lr_scaling,
+        min_global_batch=min_global_batch,
+        max_global_batch=max_global_batch,
+        job_dir=None,
+        checkpoint_signal=None,
+        checkpoint_interval=None,
+        metrics_interval=None,
+    )
 
 
 class ElasticRun(Launch):
@@ -103,7 +97,7 @@ class ElasticRun(Launch):
         dist_info: DistInfo,
         settings: Settings,
         *,
-        library: str,
+        framework: str,
         dataset_size: int,
         seed: int,
         shuffle: bool,
@@ -111,7 +105,7 @@ class ElasticRun(Launch):
         warmup_steps: int,
     ) -> None:
         super().__init__(dist_info, settings, fast_exit=True)
-        self.library = library
+        self.framework = framework
         self.order = ElasticSampler(dataset_size, seed, shuffle)
         self.position: Position = (0, 0)
         """The data position after the last step trained: (epoch, samples of it consumed)."""
@@ -279,7 +273,7 @@ class ElasticRun(Launch):
             offset=self.position[1],
             resumed=self.resumed,
             lr_scaling=self.settings.lr_scaling,
-            library=self.library,
+            framework=self.framework,
             **self.timings,
         )
         self.restart_clock()
@@ -290,7 +284,7 @@ class ElasticRun(Launch):
         return {
             "format": STATE_FORMAT,
             "version": STATE_VERSION,
-            "library": self.library,
+            "framework": self.framework,
             "job": self.settings.job_id,
             "written_at": time.time(),
             "world_size": self.world_size,

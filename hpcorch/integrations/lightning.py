@@ -197,7 +197,7 @@ class Elastic(pl.Callback):
         run = ElasticRun(
             info,
             settings,
-            library="lightning",
+            framework="lightning",
             dataset_size=n,
             seed=self.seed,
             shuffle=shuffle,

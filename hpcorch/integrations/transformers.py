@@ -244,7 +244,7 @@ def elastic(
     run = ElasticRun(
         info,
         settings,
-        library="transformers",
+        framework="transformers",
         dataset_size=n,
         seed=args.data_seed if args.data_seed is not None else args.seed,
         shuffle=True,

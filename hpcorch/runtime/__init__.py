@@ -37,7 +37,7 @@ from hpcorch import logsetup  # noqa: E402
 from hpcorch.planner import BatchPlan, LaunchPlan, lr_scale, plan_batch  # noqa: E402
 from hpcorch.protocol import EXIT_CONFIG, EXIT_DONE, EXIT_RELAUNCH  # noqa: E402
 from hpcorch.runtime.checkpoint import CheckpointError  # noqa: E402
-from hpcorch.runtime.config import ConfigError, resolve  # noqa: E402
+from hpcorch.runtime.config import ConfigError, settings_or_exit  # noqa: E402
 from hpcorch.runtime.dist import DistInfo, LaunchError, init_process_group  # noqa: E402
 from hpcorch.runtime.job import ElasticJob  # noqa: E402
 from hpcorch.runtime.step import Step  # noqa: E402
@@ -97,24 +97,19 @@ def init(
     except LaunchError as e:
         logsetup.ensure("hpcorch").error("%s", e)
         raise SystemExit(EXIT_CONFIG) from None
-    try:
-        settings = resolve(
-            os.environ,
-            world_size=info.world_size,
-            global_batch=global_batch,
-            max_micro_batch=max_micro_batch,
-            lr_scaling=lr_scaling,
-            min_global_batch=min_global_batch,
-            max_global_batch=max_global_batch,
-            job_dir=job_dir,
-            checkpoint_signal=checkpoint_signal,
-            checkpoint_interval=checkpoint_interval,
-            metrics_interval=metrics_interval,
-        )
-    except ConfigError as e:
-        if info.rank == 0:
-            logsetup.ensure("hpcorch").error("%s", e)
-        raise SystemExit(EXIT_CONFIG) from None
+    settings = settings_or_exit(
+        info.rank,
+        world_size=info.world_size,
+        global_batch=global_batch,
+        max_micro_batch=max_micro_batch,
+        lr_scaling=lr_scaling,
+        min_global_batch=min_global_batch,
+        max_global_batch=max_global_batch,
+        job_dir=job_dir,
+        checkpoint_signal=checkpoint_signal,
+        checkpoint_interval=checkpoint_interval,
+        metrics_interval=metrics_interval,
+    )
     timings: dict[str, Any] = {
         "since_start_at_import": round(_AT_IMPORT, 3),
         "torch_import_seconds": round(_TORCH_IMPORT, 3),

@@ -9,7 +9,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+from hpcorch import logsetup
 from hpcorch.planner import (
     LR_SCALING_RULES,
     BatchPlan,
@@ -32,6 +34,7 @@ from hpcorch.protocol import (
     ENV_METRICS_INTERVAL,
     ENV_MIN_GLOBAL_BATCH,
     ENV_PLAN,
+    EXIT_CONFIG,
     PLAN_FILE,
 )
 
@@ -185,6 +188,17 @@ def resolve(
 
 EARLY_SIGNAL: dict[str, float] = {}
 """Time of a checkpoint signal that arrived before the job object existed."""
+
+
+def settings_or_exit(rank: int, **options: Any) -> Settings:
+    """:func:`resolve` from this process's environment; a bad plan or setting ends the
+    launch with one error line (rank 0) and exit code 78 (EXIT_CONFIG), nothing written."""
+    try:
+        return resolve(os.environ, **options)
+    except ConfigError as e:
+        if rank == 0:
+            logsetup.ensure("hpcorch").error("%s", e)
+        raise SystemExit(EXIT_CONFIG) from None
 
 
 def _early_handler(signum: int, frame: FrameType | None) -> None:

@@ -14,7 +14,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from hpcorch import hostlist
@@ -153,6 +153,16 @@ class SlurmBackend(Protocol):
     def extend_reservation(self, name: str, end_time: float) -> None:
         """Move the end of reservation ``name`` to ``end_time`` (Unix time)."""
         ...
+
+
+def tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:
+    """``action(slurm_id)``, where a Slurm error that says one of ``ok`` (lower case) means
+    there is nothing left to do."""
+    try:
+        action(slurm_id)
+    except SlurmCommandError as exc:
+        if not any(s in str(exc).lower() for s in ok):
+            raise
 
 
 def check_slurm_conf(env: Mapping[str, str]) -> None:

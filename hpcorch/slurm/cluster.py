@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +32,7 @@ from hpcorch.limits import LimitBook, refusal
 from hpcorch.planner import LaunchPlan
 from hpcorch.protocol import CHECKPOINT_SIGNAL, MAX_CPUS_PER_GPU, METRICS_FILE
 from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
-from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist
+from hpcorch.slurm.backend import RESERVATION_DURATION, SlurmBackend, expand_nodelist, tolerate
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.files import Spool, read_lines
 from hpcorch.slurm.lease_jobs import SlurmLeaseJobs, as_lease
@@ -385,13 +385,13 @@ class SlurmCluster:
             shape.time_limit_min,
         )
         self.backend.start_now(slurm_id)
-        self._tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
+        tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
 
     def hold(self, slurm_id: int) -> None:
         """Hold a pending job: an admin hold, when the controller is a Slurm operator. Its
         plan is withdrawn first: released by anyone else, the launch runs nothing."""
         self._withdraw(slurm_id)
-        self._tolerate(self.backend.hold, slurm_id, ok=("already",))
+        tolerate(self.backend.hold, slurm_id, ok=("already",))
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id, signal=self.signal, batch_only=True)
@@ -400,7 +400,7 @@ class SlurmCluster:
         """Requeue held (Slurm makes it a user hold; the loop turns it into the controller's
         own next cycle), the plan of the launch that ends withdrawn first."""
         self._withdraw(slurm_id)
-        self._tolerate(self.backend.requeue_hold, slurm_id, ok=("already pending",))
+        tolerate(self.backend.requeue_hold, slurm_id, ok=("already pending",))
 
     def _withdraw(self, slurm_id: int) -> None:
         if self.spool is not None:
@@ -424,14 +424,6 @@ class SlurmCluster:
             for j in self.backend.jobs()
             if j.job_id in wanted and j.reservation != self.reservation
         }
-
-    @staticmethod
-    def _tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) -> None:
-        try:
-            action(slurm_id)
-        except SlurmCommandError as exc:
-            if not any(s in str(exc).lower() for s in ok):
-                raise
 
     # --- files: plans in the spool, metrics in the job's directory --------------------
     def write_plan(self, slurm_id: int, plan: LaunchPlan, uid: int) -> None:

@@ -15,8 +15,8 @@ import logging
 from collections.abc import Callable
 
 from hpcorch.cluster import ENDED_STATES, LEASE_NAME, LEASE_TAG, LeaseJob, lease_pool
-from hpcorch.errors import HpcorchError, SlurmCommandError
-from hpcorch.slurm.backend import SlurmBackend
+from hpcorch.errors import HpcorchError
+from hpcorch.slurm.backend import SlurmBackend, tolerate
 from hpcorch.slurm.parse import SlurmJob
 
 logger = logging.getLogger("hpcorch.controller")
@@ -81,11 +81,7 @@ class SlurmLeaseJobs:
         self.backend.set_comment(slurm_id, self._pool_note(comment))
 
     def drop_lease(self, slurm_id: int) -> None:
-        try:
-            self.backend.cancel(slurm_id)
-        except SlurmCommandError as exc:
-            if not any(s in str(exc).lower() for s in ("already completed", "invalid job id")):
-                raise
+        tolerate(self.backend.cancel, slurm_id, ok=("already completed", "invalid job id"))
 
 
 def as_lease(j: SlurmJob) -> LeaseJob:

@@ -66,9 +66,11 @@ LIMIT_REASON = re.compile(r"^(QOS|Assoc|Partition).*|.*Limit.*|^MaxGRES.*|^MaxCp
 
 
 def sacctmgr(pool: Pool, *args: str) -> None:
-    """sacctmgr -i ARGS (exit 1 with "Nothing new added" where it is there already)."""
+    """sacctmgr -i ARGS (exit 1 with "Nothing new added", or "Request didn't affect
+    anything" on 25.11, where it is there already: a pool kept from an earlier session)."""
     res = pool.run("sacctmgr", "-i", *args, check=False)
-    if res.returncode != 0 and "Nothing new added" not in res.stdout:
+    there = ("Nothing new added", "Request didn't affect anything")
+    if res.returncode != 0 and not any(t in res.stdout + res.stderr for t in there):
         raise AssertionError(f"sacctmgr {' '.join(args)}: {res.stderr.strip() or res.stdout}")
 
 

@@ -45,6 +45,11 @@ PYTHON = str(PREFIX / "bin" / "python")
 """The installation's interpreter (``PYTHON -m hpcorch`` is the installed hpcorch)."""
 
 
+SLURM_BUILD_ENV = ("HPCORCH_SLURM_SOURCES", "HPCORCH_SLURM_CACHE")
+"""Where slurm/build finds Slurm's sources and its builds: a site pool on a built release
+needs them as the test pool does."""
+
+
 def can_run() -> str | None:
     """Why the multi-user tests cannot run here, or None."""
     if os.geteuid() != 0:
@@ -167,6 +172,7 @@ def start_site(port: int, closed: str = "", memory: bool = False) -> Site:
         "HPCORCH_POOL_DIR": str(pool_dir),
         "PYTHONDONTWRITEBYTECODE": "1",
         "HPCORCH_SLURM_BACKEND": "cli",
+        **{k: v for k, v in os.environ.items() if k in SLURM_BUILD_ENV},
         **module,  # `module load hpcorch`: PATH, HPCORCH_WRAPPER
         "PATH": f"{module['PATH']}:/usr/sbin:/usr/bin:/sbin:/bin",
     }
