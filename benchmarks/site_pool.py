@@ -12,6 +12,7 @@ benchmarks/light_job.py), as tests/integration/users.py sets a site up.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -35,10 +36,14 @@ SHIPPED = ("light_job.py", "light_profile.py", "site_submitter.py")
 
 
 def ensure_user(name: str, system: bool = False) -> int:
-    """The uid of ``name``, created (no home, no login shell) if missing."""
-    if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-        argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
-        subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
+    """The uid of ``name``, created (no home, no login shell) if missing: under a lock,
+    since test sessions and runs side by side (.ci/run's lanes) may make the same user at
+    the same moment, and useradd refuses while another holds /etc/passwd."""
+    with open("/tmp/hpcorch-test-users.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+            argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
+            subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
     return int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout)
 
 
