@@ -115,6 +115,9 @@ class FakeCluster:
     admin: bool = True
     """Whether holds are admin holds (the controller is a Slurm operator)."""
 
+    def flush(self, send: bool = True) -> dict[int, str]:
+        return {}
+
     def hold(self, slurm_id: int) -> None:
         self.log.append(("hold", slurm_id))
         if self.state(slurm_id) == "PENDING":
@@ -564,3 +567,38 @@ def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(
         ctl.cycle()  # still backing off: not started, its GPUs free for others
         assert c.log.count(("start", 1)) == starts and c.state(1) == "PENDING"
         c.t += 0.5
+
+
+@dataclass
+class ReleaseRefused(FakeCluster):
+    """Slurm that refuses some of the releases sent together at the end of a cycle."""
+
+    refuse: dict[int, str] = field(default_factory=dict)
+    pending: list[tuple[int, Shape]] = field(default_factory=list)
+
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        self.log.append(("start", slurm_id))
+        self.shapes.append(shape)
+        self.pending.append((slurm_id, shape))
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        pending, self.pending = self.pending, []
+        for slurm_id, shape in pending:
+            if slurm_id not in self.refuse:
+                super().start(slurm_id, shape)
+                self.log.pop()  # said when asked for
+        return {j: self.refuse[j] for j, _ in pending if j in self.refuse}
+
+
+def test_a_start_whose_release_slurm_refuses_goes_back_to_the_queue(tmp_path: Path) -> None:
+    c = ReleaseRefused(refuse={2: "scontrol failed: Invalid job id specified for job 2"})
+    c.add(1, 4, 4)
+    c.add(2, 4, 4)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    assert [e for e in c.log if e[0] == "start"] == [("start", 1), ("start", 2)]
+    one, two = ctl.store.job(1), ctl.store.job(2)
+    assert one is not None and one.phase == "starting" and c.state(1) == "RUNNING"
+    assert two is not None and two.phase == "queued" and c.state(2) == "PENDING"
+    assert "start failed (scontrol failed: Invalid job id specified for job 2)" in two.reason
+    assert "GPUs released" in two.reason

@@ -80,6 +80,16 @@ class Executor:
                 self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
             return f"error: {msg}"
 
+    def refused(self, rec: JobRecord, a: Action, why: str) -> str:
+        """Slurm refused the part of ``a`` sent with the cycle's others (a start's release,
+        a hold): as if ``execute`` had failed; the decision's status."""
+        if a.kind == "start":
+            self.plan_batch.pop(rec.slurm_id, None)
+            self.start_failed(rec, why)
+        else:
+            self.warn(f"job {rec.slurm_id}: {a.kind} failed: {why}")
+        return f"error: {why}"
+
     def start_failed(self, rec: JobRecord, why: str) -> None:
         """Back to the queue with its GPUs released, retried after an exponential back-off;
         failed after ``max_start_failures`` starts in a row."""
@@ -114,10 +124,13 @@ def act(
     answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
     observation is older than ``stale_after_s``, or once Slurm does not answer, the
     rest are not carried out: each job's record says what it waits for, and the next
-    cycle redoes it from what Slurm shows then (as after a restart)."""
+    cycle redoes it from what Slurm shows then (as after a restart). The starts' releases
+    and the holds are sent together at the end (``Cluster.flush``)."""
     starts = 0
     done: list[tuple[int, str]] = []
     unanswered: SlurmUnavailable | None = None
+    sent: dict[int, tuple[int, JobRecord, Action]] = {}
+    """Starts and holds carried out, by job: where their status is in ``done``."""
     for rec, action, decision_id in intents:
         why = ""
         if unanswered is not None:
@@ -134,10 +147,22 @@ def act(
             continue
         try:
             done.append((decision_id, executor.execute(rec, action)))
+            if action.kind in ("start", "hold") and done[-1][1] == "done":
+                sent[rec.slurm_id] = (len(done) - 1, rec, action)
         except SlurmUnavailable as exc:
             unanswered = exc
             done.append((decision_id, f"unknown: Slurm did not answer ({describe(exc)})"))
             not_carried_out(rec, action, now)
+    try:
+        refused = executor.cluster.flush(send=unanswered is None)
+    except SlurmUnavailable as exc:
+        unanswered, refused = exc, {}
+    for i, rec, action in sent.values():
+        if unanswered is not None:  # not sent, or not answered: asked for again
+            done[i] = (done[i][0], f"unknown: Slurm did not answer ({describe(unanswered)})")
+            not_carried_out(rec, action, now)
+        elif rec.slurm_id in refused:
+            done[i] = (done[i][0], executor.refused(rec, action, refused[rec.slurm_id]))
     return done, unanswered
 
 

@@ -208,6 +208,9 @@ class SimSlurm:
             self._waiting.sort(key=lambda w: w.slurm_id)
         self._dispatch()
 
+    def flush(self, send: bool = True) -> dict[int, str]:
+        return {}  # every action took effect when it was made
+
     def hold(self, slurm_id: int) -> None:
         self._calls += 1
         j = self._job(slurm_id)

@@ -122,13 +122,14 @@ class SlurmBackend(Protocol):
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
         GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
         :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any).
         ``time_limit_min``: the launch's time limit in minutes (-1: UNLIMITED; 0: as it
-        is)."""
+        is). ``start_now``: in the same request, let it start at once (StartTime=now)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -142,6 +143,11 @@ class SlurmBackend(Protocol):
 
     def hold(self, job_id: int) -> None: ...
     def release(self, job_id: int) -> None: ...
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        """Hold (``held``) or release every one of ``job_ids``, in one request where Slurm
+        takes a list; an error is raised once all were tried."""
+        ...
+
     def requeue_hold(self, job_id: int) -> None: ...
     def create_reservation(
         self, name: str, nodes: str, users: str, partition: str | None = None
@@ -402,12 +408,15 @@ class SlurmCLI:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         if node_names and not self._typed:  # 22.05: the nodes name the type (retypes_gpus)
             gpu_type = ""
         fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
         if time_limit_min:
             fields.append(f"TimeLimit={time_limit_min if time_limit_min > 0 else 'UNLIMITED'}")
+        if start_now:
+            fields.append("StartTime=now")
         try:
             self.scontrol("update", f"jobid={job_id}", *fields)
         except SlurmCommandError as exc:
@@ -433,6 +442,10 @@ class SlurmCLI:
 
     def release(self, job_id: int) -> None:
         self.scontrol("release", str(job_id))
+
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        # scontrol tries every job of the list and exits 1 if one failed
+        self.scontrol("hold" if held else "release", ",".join(str(j) for j in job_ids))
 
     def requeue_hold(self, job_id: int) -> None:
         self.scontrol("requeuehold", str(job_id))

@@ -201,6 +201,7 @@ class PySlurmBackend:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         self.cli.set_shape(
             job_id,
@@ -211,6 +212,7 @@ class PySlurmBackend:
             per_node,
             gpu_type,
             time_limit_min,
+            start_now,
         )
 
     def start_now(self, job_id: int) -> None:
@@ -228,6 +230,16 @@ class PySlurmBackend:
 
     def release(self, job_id: int) -> None:
         self._rpc("release", self._job(job_id).release)
+
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        first: SlurmCommandError | None = None
+        for job_id in job_ids:  # one RPC each, as scontrol sends them
+            try:
+                (self.hold if held else self.release)(job_id)
+            except SlurmCommandError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def requeue_hold(self, job_id: int) -> None:
         job = self._job(job_id)
