@@ -88,6 +88,11 @@ class PoolGuard:
         self._foreign_seen = ids
         return json.dumps(rows)
 
+    def view_afresh(self) -> None:
+        """Slurm did not answer for a while: a difference must last ``VIEW_GRACE_S`` in
+        what it shows from now on (the ends it takes in after the outage are no mismatch)."""
+        self._view_since = {}
+
     def gpu_view(
         self,
         nodes: Sequence[PoolNode],

@@ -273,7 +273,9 @@ class Controller:
         """Slurm did not answer for ``seconds``: the clocks of the transitions under way
         (a launch pending or starting up, a stop's grace and signals) move on by that
         much, so that nothing is judged late for time Slurm could not act in. The number
-        of jobs whose clocks moved."""
+        of jobs whose clocks moved. A node's GPUs in use that differed from the controller's
+        view before the outage count afresh: slurmctld works through what ended meanwhile."""
+        self.guard.view_afresh()
         with self.store.transaction():
             moved = move_clocks(self.records.active(), seconds)
             now = self.cluster.now()
