@@ -627,6 +627,7 @@ def test_pyslurm_cluster_tolerates_like_the_cli(pyslurm_module: types.ModuleType
     try:
         cluster = SlurmCluster("pool", backend=PySlurmBackend(pyslurm_module, cli=RecordingCLI()))
         cluster.start(3, Shape(nodes=1, gpus_per_node=2, node_names=()))
+        assert cluster.flush() == {}  # the release, sent with the cycle's others
         assert cluster.reservation_nodes() == ("n1", "n2")
     finally:
         FakeJob.release = saved  # type: ignore[method-assign]
