@@ -118,8 +118,13 @@ def limit_wait(
     the group's other jobs hold or are starting with (a job being shrunk holds its GPUs
     until it has stopped), what it holds outside the pool, and the start itself must fit.
     """
-    active = [r for r in records if r.active]
     need = {"gpus": shape.gpus, "nodes": shape.nodes, "jobs": 1}
+    grouped = any(
+        k in book.caps and not book.caps[k].per_job for k in book.jobs.get(rec.slurm_id, ())
+    )
+    if not grouped and not any(not c.key.startswith("job/") and c.dim in need for c in learned):
+        return ""  # no group limit holds this job (the pool's jobs are not looked at)
+    active = [r for r in records if r.active]
     checks: list[tuple[str, Mapping[str, int | None], Mapping[str, int], list[JobRecord]]] = []
     for k in book.jobs.get(rec.slurm_id, ()):
         cap = book.caps.get(k)

@@ -197,7 +197,10 @@ class Controller:
         except Exception as exc:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
-        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
+        active = self.records.active()
+        pending = [
+            (r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims, active)
+        ]
         queueing = ("start", "hold", "requeue_hold", "cancel")
         acting = {r.slurm_id for r, a in pending if a.kind in queueing}
         holds = 0
@@ -423,6 +426,7 @@ class Controller:
         obs: Observation,
         now: float,
         claims: Mapping[int, Mapping[str, int]],
+        active: Sequence[JobRecord],
     ) -> bool:
         """A start that must wait (reconcile.start_wait) stays held in phase starting;
         it is tried again every cycle, and planned afresh once it has waited as long as
@@ -432,7 +436,7 @@ class Controller:
         s = self.config.settings
         try:
             why = reconcile.start_wait(rec, a.shape, obs.nodes, now, s, claims)
-            why = why or self.limits.wait(rec, a.shape, self.records.active())
+            why = why or self.limits.wait(rec, a.shape, active)
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True
