@@ -7,6 +7,7 @@ summaries and tables made of them.
 from __future__ import annotations
 
 import math
+import os
 import re
 import sqlite3
 import subprocess
@@ -112,9 +113,18 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) process ``pid`` has used (0: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Sampler:
     """Every ``every`` seconds: the controller's new cycles (its store keeps only the last
-    10000), its RSS, the store's size and the jobs it has seen."""
+    10000), its RSS and CPU seconds, the store's size and the jobs it has seen."""
 
     def __init__(self, state: Path, pid: int, every: float = 15.0) -> None:
         self.db = state / "state.db"
@@ -138,6 +148,7 @@ class Sampler:
         self.memory.append({
             "time": time.time(), "jobs_seen": float(seen[0]["n"] if seen else 0),
             "rss_mb": round(rss_mb(self.pid), 1), "state_db_mb": round(size / 2**20, 2),
+            "cpu_s": round(cpu_s(self.pid), 2), "cycles": float(self._last_id),
         })  # fmt: skip
 
     def _run(self) -> None:
@@ -178,6 +189,26 @@ def cycle_table(cycles: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "full": stats(full), "fast": stats(fast), "decision": stats(rounds),
         })  # fmt: skip
     return out
+
+
+def cpu_per_cycle(
+    memory: Sequence[dict[str, float]], cycles: Sequence[dict[str, Any]], active: int
+) -> dict[str, float]:
+    """The controller's CPU seconds per cycle between the samples that bracket its cycles
+    with at least ``active`` jobs: what a cycle costs it, whatever else the machine runs
+    (its cycle seconds also count the waits for a CPU on a loaded machine)."""
+    busy = [c for c in cycles if int(c["jobs"]) >= active]
+    if not busy or len(memory) < 2:
+        return {}
+    first, last = int(busy[0]["id"]), int(busy[-1]["id"])
+    before = [m for m in memory if m.get("cycles", 0) < first]
+    after = [m for m in memory if m.get("cycles", 0) >= last]
+    if not before or not after:
+        return {}
+    a, b = before[-1], after[0]
+    n = b["cycles"] - a["cycles"]
+    return {"cycles": n, "cpu_s": round(b["cpu_s"] - a["cpu_s"], 1),
+            "cpu_s_per_cycle": round((b["cpu_s"] - a["cpu_s"]) / max(1.0, n), 2)}  # fmt: skip
 
 
 def at_least(

@@ -330,6 +330,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "full": sm.at_least(calm, 1000, True),
             "fast": sm.at_least(calm, 1000, False),
             "full_without_decision": sm.at_least(calm, 1000, True, less_decision=True),
+            "controller_cpu": sm.cpu_per_cycle(sampler.memory if sampler else [], cycles, 1000),
         },
         "rpc_phases": sm.rpc_phases(phases_.done, cycles, decisions, sp.CONTROLLER),
         "rpc_formula": sm.formula_check(cycles),
