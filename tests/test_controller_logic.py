@@ -6,6 +6,7 @@ path of the state machine is driven quickly and deterministically.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Any
 import pytest
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.controller.actions import Action
+from hpcorch.controller.execute import Executor, act
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import REQUEUE_WAIT_S, Settings
-from hpcorch.controller.store import StateError, Store
+from hpcorch.controller.store import JobRecord, StateError, Store
 from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
@@ -602,3 +605,30 @@ def test_a_start_whose_release_slurm_refuses_goes_back_to_the_queue(tmp_path: Pa
     assert two is not None and two.phase == "queued" and c.state(2) == "PENDING"
     assert "start failed (scontrol failed: Invalid job id specified for job 2)" in two.reason
     assert "GPUs released" in two.reason
+
+
+def test_a_view_too_old_to_act_on_still_holds_the_jobs_planned_back_to_the_queue() -> None:
+    """Past ``stale_after_s`` a cycle carries out no start, but its holds: a job planned
+    back to the queue and left released could start without a plan meanwhile."""
+    c = FakeCluster()
+    c.add(1, 1, 4, held=False)
+    c.add(2, 1, 4)
+    ex = Executor(c, CFG, warn=lambda m: None)
+
+    def record(i: int) -> JobRecord:
+        return JobRecord(
+            slurm_id=i, job_key=f"j{i}", name=f"j{i}", user="alice", job_dir="/j", app="",
+            min_gpus=1, max_gpus=4, batch=64, max_batch=64, max_micro=64, submit_time=0.0,
+            phase="queued", phase_since=0.0,
+        )  # fmt: skip
+
+    recs = [record(1), record(2)]
+    intents = [
+        (recs[0], Action("hold", 1, reason="planned again"), 11),
+        (recs[1], Action("start", 2, Shape(1, 4, ("n1",)), "start at 4 GPUs"), 12),
+    ]
+    done, unanswered = act(ex, CFG, intents, c.t, t0=time.perf_counter() - 1000)
+    assert unanswered is None
+    assert done[0] == (11, "done") and c.jobs[1].job.held
+    assert done[1][1].startswith("deferred: the pool's view is too old")
+    assert c.state(2) == "PENDING" and ("start", 2) not in c.log

@@ -123,7 +123,7 @@ def act(
     """Carry out the cycle's actions in order: the decisions' statuses, and Slurm not
     answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
     observation is older than ``stale_after_s``, or once Slurm does not answer, the
-    rest are not carried out: each job's record says what it waits for, and the next
+    rest are not carried out (but holds): each job's record says what it waits for, and the next
     cycle redoes it from what Slurm shows then (as after a restart). The starts' releases
     and the holds are sent together at the end (``Cluster.flush``)."""
     starts = 0
@@ -139,7 +139,9 @@ def act(
             starts += 1
             if starts > config.max_starts_per_cycle:
                 why = "deferred"
-        if not why and time.perf_counter() - t0 > config.stale_after_s:
+        if not why and action.kind != "hold" and time.perf_counter() - t0 > config.stale_after_s:
+            # a hold is safe on any view (a job it finds running is held by nothing): left
+            # for the next cycle, a job planned back to the queue could start meanwhile
             why = "deferred: the pool's view is too old, planned again"
         if why:
             done.append((decision_id, why))
