@@ -7,7 +7,6 @@ summaries and tables made of them.
 from __future__ import annotations
 
 import math
-import os
 import re
 import sqlite3
 import subprocess
@@ -17,6 +16,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from benchmarks.site_pool import cpu_seconds
 
 _RPC = re.compile(
     r"^\s+(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)", re.M
@@ -113,15 +114,6 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def cpu_s(pid: int) -> float:
-    """The CPU seconds (user and system) process ``pid`` has used (0: gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 class Sampler:
     """Every ``every`` seconds: the controller's new cycles (its store keeps only the last
     10000), its RSS and CPU seconds, the store's size and the jobs it has seen."""
@@ -148,7 +140,7 @@ class Sampler:
         self.memory.append({
             "time": time.time(), "jobs_seen": float(seen[0]["n"] if seen else 0),
             "rss_mb": round(rss_mb(self.pid), 1), "state_db_mb": round(size / 2**20, 2),
-            "cpu_s": round(cpu_s(self.pid), 2), "cycles": float(self._last_id),
+            "cpu_s": round(cpu_seconds(self.pid), 2), "cycles": float(self._last_id),
         })  # fmt: skip
 
     def _run(self) -> None:
