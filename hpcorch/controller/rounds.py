@@ -92,12 +92,11 @@ class Rounds:
             for r in active
             if (r.phase == "queued" or r.slurm_id in moving) and r.min_gpus > fits(r, nodes)
         ]
-        holders: list[JobRecord] | None = None  # made once a round, if a queued job asks
+        holders = silent_launches(records, now, s)  # once a round, not once a queued job
         for rec in unfit:  # it waits, or leaves its node for the queue
             if rec.slurm_id in moving:
                 acts += self._decide(rec, None, now, (), "", moving[rec.slurm_id], None)
             else:
-                holders = silent_launches(records, now, s) if holders is None else holders
                 self._waiting(rec, records, obs, now, holders)
         left_out = {id(r) for r in unfit}
         active = [r for r in active if id(r) not in left_out]
@@ -158,7 +157,6 @@ class Rounds:
             kind = planned_type(snapshot, jp)
             acts += self._decide(rec, jp, now, pool_nodes, kind, moving.get(rec.slurm_id, ""), live)
             if rec.phase == "queued" and not rec.retry_at:
-                holders = silent_launches(records, now, s) if holders is None else holders
                 self._waiting(rec, records, obs, now, holders)
         return decision_s, acts
 

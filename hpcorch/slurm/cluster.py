@@ -98,8 +98,9 @@ class SlurmCluster:
         self._refused: dict[int, str] = {}
         """Pool jobs Slurm kept pending for a limit at the last observation, and why."""
         self._limits_warned = ""
-        self._to_send: dict[bool, list[int]] = {True: [], False: []}
-        """Jobs to hold (True) and to release (False), sent together by flush()."""
+        self._holds: list[int] = []
+        self._releases: list[int] = []
+        """Jobs to hold and to release, sent together by flush()."""
 
     @property
     def calls(self) -> int:
@@ -388,19 +389,19 @@ class SlurmCluster:
             shape.time_limit_min,
             start_now=True,
         )
-        self._to_send[False].append(slurm_id)  # released by flush(), with the cycle's others
+        self._releases.append(slurm_id)  # released by flush(), with the cycle's others
 
     def hold(self, slurm_id: int) -> None:
         """Hold a pending job (by flush()): an admin hold, when the controller is a Slurm
         operator. Its plan is withdrawn now: released by anyone else, it runs nothing."""
         self._withdraw(slurm_id)
-        self._to_send[True].append(slurm_id)
+        self._holds.append(slurm_id)
 
     def flush(self, send: bool = True) -> dict[int, str]:
         """The cycle's holds, then its releases, each in one request: the jobs Slurm refused,
         with its error."""
-        holds, releases = self._to_send[True], self._to_send[False]
-        self._to_send = {True: [], False: []}
+        holds, releases = self._holds, self._releases
+        self._holds, self._releases = [], []
         if not send:
             return {}
         failed = set_held_together(self.backend, holds, True, ok=("already",))
