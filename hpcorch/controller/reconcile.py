@@ -39,6 +39,7 @@ from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.ends import (
     UNPLANNED,
+    budget_timeout,
     checkpointed,
     ended,
     left,
@@ -46,7 +47,6 @@ from hpcorch.controller.ends import (
     moved_off,
     no_checkpoints,
     queue_again,
-    timeout,
 )
 from hpcorch.controller.shapes import (
     blocked_starts,
@@ -238,7 +238,8 @@ def _relaunch_from_held(
     if forced and missed_checkpoint(rec, s):
         no_checkpoints(rec, now, s, out, "it did not checkpoint when asked", cancel=True)
     elif rec.budget_spent():
-        timeout(rec, now, out, "time budget spent (the checkpoint was forced)", requeued=True)
+        # found requeued held before its checkpoint's report was read: the same end
+        budget_timeout(rec, now, out, requeued=True, forced=forced)
     elif rec.target_gpus > 0:
         out.actions.append(
             Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume relaunch")
