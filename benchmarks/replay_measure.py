@@ -59,11 +59,16 @@ def planned_waits(
 
 
 def real_summary(
-    state_db: Path, t0: float, ids: list[int], running: dict[int, list[float]]
+    state_db: Path,
+    t0: float,
+    ids: list[int],
+    running: dict[int, list[float]],
+    pool_gpus: int = POOL_GPUS,
 ) -> dict[str, Any]:
     """avg and p99 JCT, makespan (from the replay's start), restarts per job (launches - 1),
-    GPU utilisation (GPU-seconds held over the pool's from the first arrival to the last
-    completion) and the longest planned launch's wait in Slurm, as the simulator's."""
+    GPU utilisation (GPU-seconds held over the pool's ``pool_gpus`` from the first arrival
+    to the last completion) and the longest planned launch's wait in Slurm, as the
+    simulator's."""
     jobs = [j for j in _rows(state_db, "SELECT * FROM jobs") if int(j["slurm_id"]) in ids]
     names = {int(j["slurm_id"]): str(j["name"]) for j in jobs}
     decisions = _rows(state_db, "SELECT * FROM decisions")
@@ -91,7 +96,7 @@ def real_summary(
         "p99_jct": float(np.percentile(jcts, 99)),
         "makespan": float(makespan),
         "restarts_per_job": float(np.mean([max(int(j["launches"]) - 1, 0) for j in jobs] or [0])),
-        "gpu_utilisation": float(used / (span * POOL_GPUS)),
+        "gpu_utilisation": float(used / (span * pool_gpus)),
         "max_wait_planned_s": round(max((w for w, _ in waits), default=0.0), 1),
         "longest_planned_waits": [[name, round(w, 1)] for w, name in longest],
         "launches": int(sum(int(j["launches"]) for j in jobs)),

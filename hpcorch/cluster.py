@@ -248,12 +248,28 @@ class Cluster(Protocol):
     def calls(self) -> int:
         """Commands sent to the scheduler so far (Slurm calls on the Slurm side)."""
 
+    @property
+    def call_seconds(self) -> float:
+        """Seconds spent waiting for the scheduler's answers so far."""
+
+    def ping(self) -> None:
+        """Ask the scheduler whether it answers (one cheap request); raises
+        ``SlurmUnavailable`` when it does not."""
+
     def now(self) -> float: ...
     def observe(self) -> Observation: ...
     def start(self, slurm_id: int, shape: Shape) -> None:
-        """Give a held (or pending) job its shape and let it run."""
+        """Give a held (or pending) job its shape and let it run (its release may wait for
+        ``flush``)."""
 
-    def hold(self, slurm_id: int) -> None: ...
+    def hold(self, slurm_id: int) -> None:
+        """Hold a pending job (the hold may wait for ``flush``)."""
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        """Send what ``start`` and ``hold`` left to send together, once the cycle's actions
+        are done (``send`` False: drop it, the scheduler does not answer): the jobs the
+        scheduler refused, with its error."""
+
     def signal_checkpoint(self, slurm_id: int) -> None: ...
     def requeue_hold(self, slurm_id: int) -> None:
         """Put a job that ended (or is running: it is killed) back in the queue, held."""

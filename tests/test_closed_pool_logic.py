@@ -237,3 +237,21 @@ def test_the_gpu_view_is_checked_against_slurms_every_cycle() -> None:
     guard.gpu_view(foreign, [ended], 130.0)  # a job the controller did not place holds them
     guard.gpu_view([PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 2, False)], [ended], 140.0)
     assert guard.view_mismatches == 2  # counted as taken; a down node is not compared
+
+
+def test_a_difference_from_before_an_outage_counts_afresh_once_slurm_answers() -> None:
+    """Jobs that ended while slurmctld was stopped are taken in over the cycles after it
+    answers again: a node that differed before the outage and differs in the first view
+    after it has not differed for the grace in what Slurm showed."""
+    guard = PoolGuard(lambda m: None)
+    job = JobRecord(
+        7, "k", "a", "alice", "/d", "", 1, 4, 32, 32, 32, 0.0, "running", 0.0,
+        gpus=2, nodes=1, node_list="n2", node_gpus="2",
+    )  # fmt: skip
+    freed = [PoolNode("n1", 4, 0, True), PoolNode("n2", 4, 0, True)]
+    guard.gpu_view(freed, [job], 100.0)  # the job's end seen between Slurm's two reads
+    guard.view_afresh()  # slurmctld stopped for 60 s, then answers
+    guard.gpu_view(freed, [job], 160.0)
+    assert guard.view_mismatches == 0
+    guard.gpu_view(freed, [job], 171.0)  # still differs 11 s later: counted
+    assert guard.view_mismatches == 1

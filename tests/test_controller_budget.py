@@ -76,6 +76,32 @@ def test_a_job_past_its_budget_is_checkpointed_and_ends(tmp_path: Path) -> None:
     assert c.state(1) == "FAILED" and ("requeue_hold", 1) not in c.log
 
 
+def test_a_job_past_its_budget_found_requeued_held_ends_with_what_it_ran(tmp_path: Path) -> None:
+    """The wrapper requeues the job held after its checkpoint: Slurm may show it so before
+    the checkpoint's report is read. The end says what it ran, and the checkpoint was not
+    forced."""
+    c = FakeCluster()
+    c.requeue_self = True
+    c.add(1, 2, 2)
+    _tagged(c, 1, budget="100")
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    ctl.cycle()
+    c.jobs[1].exit_on_signal = False
+    for _ in range(5):
+        c.t += 25
+        ctl.cycle()
+        if ctl.store.job(1).phase == "stopping":  # type: ignore[union-attr]
+            break
+    c.checkpointed(1)
+    c.set(1, special_exit=False, reason="JobHeldUser")  # a requeue hold, as scontrol's
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "timeout"
+    assert rec.reason.startswith("time budget spent: ran 2:05 of 1:40 over 1 launch")
+    assert "forced" not in rec.reason and c.state(1) == "CANCELLED"
+
+
 def test_the_budget_counts_across_launches(tmp_path: Path) -> None:
     c = FakeCluster()
     c.add(1, 2, 2)

@@ -145,4 +145,4 @@ def test_a_schema_4_store_of_either_line_gains_every_column(
     rec = store.job(3)
     assert rec is not None and rec.uid == -1 and rec.node_gpus == "" and rec.forced_at == 0.0
     assert rec.ready_at == 0.0 and rec.fingerprint == "" and rec.model_bytes == 0
-    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "10"
+    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "11"

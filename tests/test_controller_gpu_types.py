@@ -195,7 +195,7 @@ def test_an_old_store_migrates_to_schema_9(tmp_path: Path) -> None:
     assert old.samples(3)[0].gpu_type == ""
     old.close()
     store = Store(path)
-    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "10"
+    assert store.get_meta("schema") == str(SCHEMA_VERSION) == "11"
     rec = store.job(3)
     assert rec is not None and rec.gpu_type == ""
     store.put_job(replace(rec, gpu_types="a100", gpu_type="a100", target_type="a100"))

@@ -6,6 +6,7 @@ path of the state machine is driven quickly and deterministically.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -14,9 +15,12 @@ from typing import Any
 import pytest
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode, Shape
+from hpcorch.controller.actions import Action
+from hpcorch.controller.execute import Executor, act
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.reconcile import REQUEUE_WAIT_S, Settings
-from hpcorch.controller.store import StateError, Store
+from hpcorch.controller.store import JobRecord, StateError, Store
+from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
 from hpcorch.protocol import EXIT_STORAGE
@@ -41,6 +45,14 @@ class FakeCluster:
     shapes: list[Shape] = field(default_factory=list)
     down: set[str] = field(default_factory=set)
     calls: int = 0
+    call_seconds: float = 0.0
+    answers: bool = True
+    """Whether slurmctld answers (``ping``)."""
+
+    def ping(self) -> None:
+        self.calls += 1
+        if not self.answers:
+            raise SlurmUnavailable("Slurm is not reachable (scontrol: Socket timed out)")
 
     def add(self, job_id: int, lo: int, hi: int, held: bool = True) -> None:
         tags = {
@@ -105,6 +117,9 @@ class FakeCluster:
 
     admin: bool = True
     """Whether holds are admin holds (the controller is a Slurm operator)."""
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        return {}
 
     def hold(self, slurm_id: int) -> None:
         self.log.append(("hold", slurm_id))
@@ -555,3 +570,65 @@ def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(
         ctl.cycle()  # still backing off: not started, its GPUs free for others
         assert c.log.count(("start", 1)) == starts and c.state(1) == "PENDING"
         c.t += 0.5
+
+
+@dataclass
+class ReleaseRefused(FakeCluster):
+    """Slurm that refuses some of the releases sent together at the end of a cycle."""
+
+    refuse: dict[int, str] = field(default_factory=dict)
+    pending: list[tuple[int, Shape]] = field(default_factory=list)
+
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        self.log.append(("start", slurm_id))
+        self.shapes.append(shape)
+        self.pending.append((slurm_id, shape))
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        pending, self.pending = self.pending, []
+        for slurm_id, shape in pending:
+            if slurm_id not in self.refuse:
+                super().start(slurm_id, shape)
+                self.log.pop()  # said when asked for
+        return {j: self.refuse[j] for j, _ in pending if j in self.refuse}
+
+
+def test_a_start_whose_release_slurm_refuses_goes_back_to_the_queue(tmp_path: Path) -> None:
+    c = ReleaseRefused(refuse={2: "scontrol failed: Invalid job id specified for job 2"})
+    c.add(1, 4, 4)
+    c.add(2, 4, 4)
+    ctl = controller(tmp_path, c)
+    ctl.cycle()
+    assert [e for e in c.log if e[0] == "start"] == [("start", 1), ("start", 2)]
+    one, two = ctl.store.job(1), ctl.store.job(2)
+    assert one is not None and one.phase == "starting" and c.state(1) == "RUNNING"
+    assert two is not None and two.phase == "queued" and c.state(2) == "PENDING"
+    assert "start failed (scontrol failed: Invalid job id specified for job 2)" in two.reason
+    assert "GPUs released" in two.reason
+
+
+def test_a_view_too_old_to_act_on_still_holds_the_jobs_planned_back_to_the_queue() -> None:
+    """Past ``stale_after_s`` a cycle carries out no start, but its holds: a job planned
+    back to the queue and left released could start without a plan meanwhile."""
+    c = FakeCluster()
+    c.add(1, 1, 4, held=False)
+    c.add(2, 1, 4)
+    ex = Executor(c, CFG, warn=lambda m: None)
+
+    def record(i: int) -> JobRecord:
+        return JobRecord(
+            slurm_id=i, job_key=f"j{i}", name=f"j{i}", user="alice", job_dir="/j", app="",
+            min_gpus=1, max_gpus=4, batch=64, max_batch=64, max_micro=64, submit_time=0.0,
+            phase="queued", phase_since=0.0,
+        )  # fmt: skip
+
+    recs = [record(1), record(2)]
+    intents = [
+        (recs[0], Action("hold", 1, reason="planned again"), 11),
+        (recs[1], Action("start", 2, Shape(1, 4, ("n1",)), "start at 4 GPUs"), 12),
+    ]
+    done, unanswered = act(ex, CFG, intents, c.t, t0=time.perf_counter() - 1000)
+    assert unanswered is None
+    assert done[0] == (11, "done") and c.jobs[1].job.held
+    assert done[1][1].startswith("deferred: the pool's view is too old")
+    assert c.state(2) == "PENDING" and ("start", 2) not in c.log

@@ -218,11 +218,12 @@ def test_jobs_in_a_transition_are_shown_where_they_are_going() -> None:
         rec(2, "stopping", gpus=4, node_list="n1", target_gpus=1,
             target_placement=json.dumps({0: 1})),
         rec(3, "stopping", gpus=2, node_list="n1", target_gpus=0),
-        rec(4, "running", gpus=3, node_list="n1,n2", node_gpus="1,2", ready=1),
+        rec(4, "running", gpus=2, node_list="n1,n2", node_gpus="1,1", ready=1),
     ]  # fmt: skip
+    # (4 GPUs a node: a placement that no longer fits beside what runs is shown unplaced)
     snap = build_snapshot(100.0, nodes, records, {}, (), {}, 60.0, 30.0)
     views = {v.job_id: v for v in snap.jobs}
     assert (views["1"].gpus, dict(views["1"].placement), views["1"].resizable) == (3, {1: 3}, False)
     assert (views["2"].gpus, dict(views["2"].placement), views["2"].resizable) == (1, {0: 1}, False)
     assert (views["3"].gpus, views["3"].resizable) == (0, False)  # being preempted
-    assert dict(views["4"].placement) == {0: 1, 1: 2} and views["4"].rebatch
+    assert dict(views["4"].placement) == {0: 1, 1: 1} and views["4"].rebatch

@@ -81,8 +81,13 @@ def test_an_uneven_launch_waits_until_the_free_gpus_leave_one_split() -> None:
     assert launch_wait(Shape(2, 2, ("n1", "n2"), 0, (2, 2)), nodes([0, 0])) == ""  # even
     # n1's other GPUs are idle in the plan: waiting cannot help, it goes with Slurm's split
     assert launch_wait(four_two, nodes([4, 4])) == ""
-    # nor after the limit, whoever claims them; but never before the planned GPUs are free
-    assert launch_wait(four_two, nodes([4, 4]), waited_s=11, limit_s=10, claimed=b) == ""
+    # after the limit it goes with Slurm's split if that takes no GPU another start is to
+    # take; never before the planned GPUs are free
+    assert launch_wait(four_two, nodes([4, 4]), waited_s=11, limit_s=10, claimed=b) != ""
+    one_three = Shape(2, 3, ("n1", "n2"), 0, (1, 3))  # Slurm: 2 on n1, 2 on n2 of 8 free
+    two = {"n2": 2}
+    assert launch_wait(one_three, nodes([2, 8], 8), waited_s=9, limit_s=10, claimed=two) != ""
+    assert launch_wait(one_three, nodes([2, 8], 8), waited_s=11, limit_s=10, claimed=two) == ""
     assert launch_wait(four_two, nodes([2, 2]), waited_s=11, limit_s=10) != ""
 
 
@@ -103,6 +108,7 @@ class FillCluster:
     started: list[tuple[int, Shape]] = field(default_factory=list)
     plans: list[LaunchPlan] = field(default_factory=list)
     calls: int = 0
+    call_seconds: float = 0.0
 
     def now(self) -> float:
         return self.t
@@ -129,6 +135,10 @@ class FillCluster:
         )
 
     def hold(self, slurm_id: int) -> None: ...
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        return {}
+
     def signal_checkpoint(self, slurm_id: int) -> None: ...
     def requeue_hold(self, slurm_id: int) -> None: ...
     def cancel(self, slurm_id: int) -> None: ...

@@ -15,7 +15,14 @@ import pytest
 
 from hpcorch.cluster import Shape
 from hpcorch.controller.learned import LEARN_TTL_S, Learned, dumps, keep, learn, loads
-from hpcorch.controller.limits import LIMIT_WAIT, NEVER, blocked, limit_wait, policy_limits
+from hpcorch.controller.limits import (
+    LIMIT_WAIT,
+    NEVER,
+    blocked,
+    group_members,
+    limit_wait,
+    policy_limits,
+)
 from hpcorch.controller.rows import JobRecord
 from hpcorch.limits import Amounts, Cap, LimitBook, refusal
 from hpcorch.slurm.assoc_mgr import parse_assoc_mgr, parse_partitions
@@ -107,6 +114,19 @@ def test_status_says_which_limit_holds_a_job_back() -> None:
     why = blocked(full, [full, other], book(user_gpus=4, outside=1), [])
     assert why.startswith(LIMIT_WAIT) and "(1 outside the pool)" in why
     assert blocked(full, [full], book(user_gpus=4, outside=1), []) == ""
+
+
+def test_the_cycles_groups_give_every_queued_job_the_reason_it_had() -> None:
+    """The groups computed once a cycle (thousands of queued jobs) say what each job's own
+    look at all the records says, a job equal to another in every field included."""
+    records = [rec(i, "running", gpus=2) for i in range(1, 4)]
+    records += [rec(i, min_gpus=1 + i % 3) for i in range(4, 12)] + [rec(4, min_gpus=2)]
+    records[-1].job_key = records[3].job_key = "same"  # equal records, not the same one
+    for b in (book(), book(user_gpus=4, outside=1), book(user_gpus=8), book(user_gpus=1)):
+        active = [r for r in records if r.active]
+        groups = group_members(active, b)
+        for r in records[3:]:
+            assert blocked(r, active, b, [], groups) == blocked(r, records, b, [])
 
 
 def test_a_refused_launch_teaches_a_cap_below_it() -> None:

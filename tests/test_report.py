@@ -173,3 +173,13 @@ def test_a_maintenance_window_is_in_the_report_and_its_picture(tmp_path: Path) -
     png = tmp_path / "w.png"
     plot(rep, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("name", ["0.0", "r", "r.jpeg2", "r.PNG.txt"])
+def test_a_picture_name_matplotlib_cannot_write_is_one_line(tmp_path: Path, name: str) -> None:
+    """Found by the CLI fuzz test: ``--out=0.0`` was an internal error (matplotlib picks
+    the format by the name's suffix)."""
+    code, _, err = run(str(STORE), "--out", str(tmp_path / name))
+    assert code == 2 and "Traceback" not in err and "internal error" not in err
+    assert ".png, .svg or .pdf" in err.splitlines()[-1]
+    assert not (tmp_path / name).exists()

@@ -185,10 +185,62 @@ def test_cluster_start_tolerates_a_job_not_held() -> None:
     cli.fail["release"] = "Job is not held"
     cluster = SlurmCluster("pool", backend=cli)
     cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
-    assert [a[1] for a in cli.argv] == ["update", "update", "release"]
+    assert cluster.flush() == {}
+    # the shape and StartTime=now in one update; the list, then the job on its own
+    assert [a[1] for a in cli.argv] == ["update", "release", "release"]
+    assert cli.argv[0][-1] == "StartTime=now"
     cli.fail["release"] = "Invalid job id specified"
-    with pytest.raises(SlurmCommandError, match="Invalid job id"):
-        cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    cluster.start(5, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    assert cluster.flush() == {5: "scontrol failed: Invalid job id specified"}
+
+
+class RefusingCLI(RecordingCLI):
+    """scontrol as it answers a list of job ids of which some are refused: it tries each,
+    says which failed, and exits 1."""
+
+    def __init__(self, refused: dict[int, str]) -> None:
+        super().__init__({("scontrol", "-o", "show", "reservation", "pool"): "Nodes=n1,n2"})
+        self.refused = refused
+
+    def run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        out = super().run(argv, stdin)
+        if argv[1] in ("hold", "release"):
+            ids = [int(j) for j in argv[2].split(",")]
+            errors = [f"{self.refused[j]} for job {j}" for j in ids if j in self.refused]
+            if errors:
+                raise SlurmCommandError(f"scontrol failed: {errors[0]}")
+        return out
+
+
+def test_a_cycles_holds_and_releases_go_to_slurm_together() -> None:
+    cli = RefusingCLI({})
+    cluster = SlurmCluster("pool", backend=cli)
+    for job in (7, 8, 9):
+        cluster.start(job, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    cluster.hold(10)
+    cluster.hold(11)
+    assert cluster.flush() == {}
+    assert [a[1:] for a in cli.argv if a[1] != "update"] == [
+        ["hold", "10,11"],
+        ["release", "7,8,9"],
+    ]
+    assert sum(a[1] == "update" for a in cli.argv) == 3  # one per start
+    cli.argv.clear()
+    assert cluster.flush() == {} and cli.argv == []  # nothing left over
+    cluster.start(12, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    assert cluster.flush(send=False) == {} and [a[1] for a in cli.argv] == ["update"]
+    cli.argv.clear()
+    assert cluster.flush() == {} and cli.argv == []  # dropped, not sent a cycle late
+
+
+def test_a_refused_job_in_the_list_is_found_and_the_others_are_released() -> None:
+    cli = RefusingCLI({8: "Invalid job id specified"})
+    cluster = SlurmCluster("pool", backend=cli)
+    for job in (7, 8, 9):
+        cluster.start(job, Shape(nodes=1, gpus_per_node=2, node_names=("n1",)))
+    assert cluster.flush() == {8: "scontrol failed: Invalid job id specified for job 8"}
+    releases = [a[2] for a in cli.argv if a[1] == "release"]
+    assert releases == ["7,8,9", "7", "8", "9"]
 
 
 # --- make_backend --------------------------------------------------------------------
@@ -575,6 +627,7 @@ def test_pyslurm_cluster_tolerates_like_the_cli(pyslurm_module: types.ModuleType
     try:
         cluster = SlurmCluster("pool", backend=PySlurmBackend(pyslurm_module, cli=RecordingCLI()))
         cluster.start(3, Shape(nodes=1, gpus_per_node=2, node_names=()))
+        assert cluster.flush() == {}  # the release, sent with the cycle's others
         assert cluster.reservation_nodes() == ("n1", "n2")
     finally:
         FakeJob.release = saved  # type: ignore[method-assign]

@@ -159,6 +159,10 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     )
 
 
+PICTURE_SUFFIXES = (".png", ".svg", ".pdf")
+"""The picture formats ``--out`` takes, by its name's suffix (matplotlib's choice)."""
+
+
 @click.command()
 @click.argument("source", required=False, type=params.PathType(exists=False))
 @click.option(
@@ -171,7 +175,7 @@ def text_table(headers: list[str], rows: list[list[str]]) -> str:
     "--out",
     type=params.PathType(path_type=Path, dir_okay=False),
     default=None,
-    help="Write the timeline picture (PNG) here.",
+    help="Write the timeline picture here (.png, .svg or .pdf).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON document.")
 @click.option(
@@ -194,6 +198,11 @@ def report(
     simulation kept (`hpcorch simulate --engine controller --keep-state DIR`); default:
     the controller's state directory.
     """
+    if out is not None and out.suffix.lower() not in PICTURE_SUFFIXES:
+        raise click.BadParameter(
+            f"{str(out)!r}: the picture's name must end in .png, .svg or .pdf",
+            param_hint="'--out'",
+        )
     try:
         rep = load(source, state_dir, pool_gpus)
     except ReportError as exc:

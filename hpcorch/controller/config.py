@@ -28,6 +28,10 @@ class LoopConfig:
     restart_cost_s: float = 30.0
     """What the policy assumes a resize costs a job; a running job also trains at least
     this long (and at least ``settings.min_run_s``) before it is stopped again."""
+    stale_after_s: float = 30.0
+    """A cycle's actions are carried out only while its observation of the pool is at
+    most this old: with a slurmctld that answers slowly, the rest wait for the next cycle,
+    planned again from a fresh observation."""
     max_starts_per_cycle: int = 64
     max_holds_per_cycle: int = 8
     """User holds turned into the controller's own per cycle (each is one Slurm call): 500

@@ -156,12 +156,14 @@ def moved_off(rec: JobRecord) -> bool:
     return moved
 
 
-def budget_timeout(rec: JobRecord, now: float, out: Outcome, requeued: bool) -> None:
+def budget_timeout(
+    rec: JobRecord, now: float, out: Outcome, requeued: bool, forced: bool = False
+) -> None:
     why = (
         f"time budget spent: ran {fmt_duration(rec.run_total_s)} of "
         f"{fmt_duration(rec.time_budget_s)} over {rec.launches} launch(es)"
     )
-    timeout(rec, now, out, why, requeued)
+    timeout(rec, now, out, why + (" (the checkpoint was forced)" if forced else ""), requeued)
 
 
 UNPLANNED = "started without the controller's plan (released by its user or an admin): held again"

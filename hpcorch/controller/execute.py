@@ -3,7 +3,8 @@ start does to the job (back to the queue, GPUs released, retried after a back-of
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Sequence
 
 from hpcorch.cluster import Cluster, Shape
 from hpcorch.controller.actions import Action
@@ -11,6 +12,7 @@ from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.logs import describe
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import printable
+from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 
 
@@ -36,7 +38,11 @@ class Executor:
         )
 
     def execute(self, rec: JobRecord, a: Action) -> str:
-        """Carry out ``a``; the decision's status ('done' or the error)."""
+        """Carry out ``a``; the decision's status ('done' or the error). Slurm not
+        answering (``SlurmUnavailable``) is raised: whether the action was done is not
+        known (slurmctld may carry out a request it never answered), so it is no failure
+        of the job's; the loop stops acting and reads the outcome from Slurm's next
+        answer."""
         try:
             if a.kind == "start":
                 assert a.shape is not None
@@ -64,6 +70,8 @@ class Executor:
             elif a.kind == "allow_requeue":
                 self.cluster.allow_requeue(rec.slurm_id)
             return "done"
+        except SlurmUnavailable:
+            raise
         except Exception as exc:
             msg = describe(exc)
             if a.kind == "start":
@@ -71,6 +79,16 @@ class Executor:
             else:
                 self.warn(f"job {rec.slurm_id}: {a.kind} failed: {msg}")
             return f"error: {msg}"
+
+    def refused(self, rec: JobRecord, a: Action, why: str) -> str:
+        """Slurm refused the part of ``a`` sent with the cycle's others (a start's release,
+        a hold): as if ``execute`` had failed; the decision's status."""
+        if a.kind == "start":
+            self.plan_batch.pop(rec.slurm_id, None)
+            self.start_failed(rec, why)
+        else:
+            self.warn(f"job {rec.slurm_id}: {a.kind} failed: {why}")
+        return f"error: {why}"
 
     def start_failed(self, rec: JobRecord, why: str) -> None:
         """Back to the queue with its GPUs released, retried after an exponential back-off;
@@ -93,3 +111,85 @@ class Executor:
             )
         self.warn(f"job {rec.slurm_id}: {rec.reason}")
         # stored at the end of this cycle, with the decision's status
+
+
+def act(
+    executor: Executor,
+    config: LoopConfig,
+    intents: Sequence[tuple[JobRecord, Action, int]],
+    now: float,
+    t0: float,
+) -> tuple[list[tuple[int, str]], SlurmUnavailable | None]:
+    """Carry out the cycle's actions in order: the decisions' statuses, and Slurm not
+    answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
+    observation is older than ``stale_after_s``, or once Slurm does not answer, the
+    rest are not carried out (but holds): each job's record says what it waits for, and the next
+    cycle redoes it from what Slurm shows then (as after a restart). The starts' releases
+    and the holds are sent together at the end (``Cluster.flush``)."""
+    starts = 0
+    done: list[tuple[int, str]] = []
+    unanswered: SlurmUnavailable | None = None
+    sent: dict[int, tuple[int, JobRecord, Action]] = {}
+    """Starts and holds carried out, by job: where their status is in ``done``."""
+    for rec, action, decision_id in intents:
+        why = ""
+        if unanswered is not None:
+            why = "not sent: Slurm did not answer"
+        elif action.kind == "start":
+            starts += 1
+            if starts > config.max_starts_per_cycle:
+                why = "deferred"
+        if not why and action.kind != "hold" and time.perf_counter() - t0 > config.stale_after_s:
+            # a hold is safe on any view (a job it finds running is held by nothing): left
+            # for the next cycle, a job planned back to the queue could start meanwhile
+            why = "deferred: the pool's view is too old, planned again"
+        if why:
+            done.append((decision_id, why))
+            not_carried_out(rec, action, now)
+            continue
+        try:
+            done.append((decision_id, executor.execute(rec, action)))
+            if action.kind in ("start", "hold") and done[-1][1] == "done":
+                sent[rec.slurm_id] = (len(done) - 1, rec, action)
+        except SlurmUnavailable as exc:
+            unanswered = exc
+            done.append((decision_id, f"unknown: Slurm did not answer ({describe(exc)})"))
+            not_carried_out(rec, action, now)
+    try:
+        refused = executor.cluster.flush(send=unanswered is None)
+    except SlurmUnavailable as exc:
+        unanswered, refused = exc, {}
+    for i, rec, action in sent.values():
+        if unanswered is not None:  # not sent, or not answered: asked for again
+            done[i] = (done[i][0], f"unknown: Slurm did not answer ({describe(unanswered)})")
+            not_carried_out(rec, action, now)
+        elif rec.slurm_id in refused:
+            done[i] = (done[i][0], executor.refused(rec, action, refused[rec.slurm_id]))
+    return done, unanswered
+
+
+def not_carried_out(rec: JobRecord, action: Action, now: float) -> None:
+    """An action that was not sent (or not answered) is asked for again: a start stays
+    in phase starting (redone while Slurm holds the job), a stop is signalled again; a
+    forced requeue and an end for a breach of the contract are forgotten, so that the
+    next cycle asks for them again rather than take them as done."""
+    if action.kind == "requeue_hold" and rec.forced_at == now:
+        rec.forced_at = 0.0
+    elif action.kind == "cancel" and rec.breach:
+        rec.breach = ""
+
+
+def move_clocks(records: Iterable[JobRecord], seconds: float) -> int:
+    """Slurm did not answer for ``seconds``: the clocks of the transitions under way (a
+    launch pending or starting up, a stop's grace and signals) move on by that much. The
+    number of jobs whose clocks moved."""
+    moved = 0
+    for rec in records:
+        if rec.phase in ("starting", "stopping") or (rec.phase == "running" and not rec.ready):
+            rec.phase_since += seconds
+            if rec.signalled_at > 0:
+                rec.signalled_at += seconds
+            if rec.forced_at > 0:
+                rec.forced_at += seconds
+            moved += 1
+    return moved

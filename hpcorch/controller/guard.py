@@ -8,7 +8,7 @@ the whole design."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from hpcorch.cluster import Observation, ObservedJob, PoolNode
 from hpcorch.controller.actions import Action
@@ -88,24 +88,41 @@ class PoolGuard:
         self._foreign_seen = ids
         return json.dumps(rows)
 
-    def gpu_view(self, nodes: Sequence[PoolNode], records: Sequence[JobRecord], now: float) -> None:
+    def view_afresh(self) -> None:
+        """Slurm did not answer for a while: a difference must last ``VIEW_GRACE_S`` in
+        what it shows from now on (the ends it takes in after the outage are no mismatch)."""
+        self._view_since = {}
+
+    def gpu_view(
+        self,
+        nodes: Sequence[PoolNode],
+        records: Sequence[JobRecord],
+        now: float,
+        completing: Collection[int] = (),
+    ) -> None:
         """Whether each usable node's GPUs in use, as Slurm shows them, are what the
         controller counts held there: its running (or stopping) jobs where Slurm shows them,
         and the jobs it did not place. A difference means the policy plans GPUs Slurm does
         not have free (a launch left pending) or leaves free ones idle: counted, and said
         once per distinct difference. Slurm's jobs and nodes are read by two commands, and a
         job that ended holds its GPUs while its node completes it (seconds): a node counts
-        once it has differed for ``VIEW_GRACE_S`` without a break."""
+        once it has differed for ``VIEW_GRACE_S`` without a break. A job Slurm shows
+        completing (``completing``: job ids) may or may not hold its GPUs in Slurm's view of
+        its nodes (Slurm 22.05 frees them as the job ends, before its nodes have completed
+        it, which takes long when slurmctld is busy): either count agrees."""
         index = {n.name: i for i, n in enumerate(nodes)}
         held = [n.gpus_foreign for n in nodes]
+        ending = [0] * len(nodes)
         for rec in records:
             if rec.phase in ("running", "stopping"):
                 for i, g in placement_of(rec, index).items():
                     held[i] += g
+                    if rec.slurm_id in completing:
+                        ending[i] += g
         differs = {
             n.name: f"{n.name} {n.gpus_used} in use, {h} held by its jobs"
-            for n, h in zip(nodes, held, strict=True)
-            if n.usable and n.gpus_used != h
+            for n, h, e in zip(nodes, held, ending, strict=True)
+            if n.usable and not h - e <= n.gpus_used <= h
         }
         self._view_since = {n: self._view_since.get(n, now) for n in differs}
         diff = [t for n, t in differs.items() if now - self._view_since[n] >= VIEW_GRACE_S]

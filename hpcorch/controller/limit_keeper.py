@@ -10,7 +10,7 @@ from dataclasses import replace
 
 from hpcorch.cluster import Observation, ObservedJob, Shape
 from hpcorch.controller import learned as lrn
-from hpcorch.controller.limits import blocked, limit_wait, policy_limits
+from hpcorch.controller.limits import blocked, group_members, limit_wait, policy_limits
 from hpcorch.controller.reconcile import REQUEUED, Action, target_shape
 from hpcorch.controller.store import JobRecord, Store
 from hpcorch.limits import LimitBook, refusal
@@ -25,6 +25,9 @@ class LimitKeeper:
         self.learned: list[lrn.Learned] = lrn.loads(store.get_meta(lrn.META_KEY))
         self._saved = lrn.dumps(self.learned)
         self._cpus_per_gpu = 0
+        self._groups: tuple[Sequence[JobRecord], list[JobRecord], dict[str, list[JobRecord]]]
+        self._groups = ((), [], {})
+        """The records ``explain`` last saw, their active ones and those in each group."""
 
     def observe(
         self,
@@ -34,6 +37,7 @@ class LimitKeeper:
     ) -> None:
         """Take the cluster's limits; learn from every launch Slurm keeps pending for a
         limit (the state machine holds it this cycle); unlearn what no longer holds."""
+        self._groups = ((), [], {})
         self.book = obs.limits
         usable = [n for n in obs.nodes if n.usable and n.gpus > 0 and n.cpus > 0]
         self._cpus_per_gpu = min((n.cpus // n.gpus for n in usable), default=0)
@@ -104,7 +108,11 @@ class LimitKeeper:
         one does (True)."""
         if rec.phase != "queued" or rec.retry_at:
             return False
-        why = blocked(rec, [r for r in records if r.active], self.book, self.learned)
+        if self._groups[0] is not records:  # once a cycle: its queued jobs ask in turn
+            active = [r for r in records if r.active]
+            self._groups = (records, active, group_members(active, self.book))
+        _, active, groups = self._groups
+        why = blocked(rec, active, self.book, self.learned, groups)
         if why:
             rec.reason = why
         return bool(why)

@@ -53,16 +53,21 @@ def job_limit(
     )
 
 
-def _groups(
-    records: Sequence[JobRecord], book: LimitBook
-) -> dict[str, tuple[Cap, list[JobRecord]]]:
+def group_members(records: Sequence[JobRecord], book: LimitBook) -> dict[str, list[JobRecord]]:
+    """The jobs among ``records`` each group cap (not a per-job one) holds, by its key."""
     by: dict[str, list[JobRecord]] = defaultdict(list)
     for r in records:
         for k in book.jobs.get(r.slurm_id, ()):
             cap = book.caps.get(k)
             if cap is not None and not cap.per_job:
                 by[k].append(r)
-    return {k: (book.caps[k], rs) for k, rs in by.items()}
+    return dict(by)
+
+
+def _groups(
+    records: Sequence[JobRecord], book: LimitBook
+) -> dict[str, tuple[Cap, list[JobRecord]]]:
+    return {k: (book.caps[k], rs) for k, rs in group_members(records, book).items()}
 
 
 def policy_limits(
@@ -113,8 +118,13 @@ def limit_wait(
     the group's other jobs hold or are starting with (a job being shrunk holds its GPUs
     until it has stopped), what it holds outside the pool, and the start itself must fit.
     """
-    active = [r for r in records if r.active]
     need = {"gpus": shape.gpus, "nodes": shape.nodes, "jobs": 1}
+    grouped = any(
+        k in book.caps and not book.caps[k].per_job for k in book.jobs.get(rec.slurm_id, ())
+    )
+    if not grouped and not any(not c.key.startswith("job/") and c.dim in need for c in learned):
+        return ""  # no group limit holds this job (the pool's jobs are not looked at)
+    active = [r for r in records if r.active]
     checks: list[tuple[str, Mapping[str, int | None], Mapping[str, int], list[JobRecord]]] = []
     for k in book.jobs.get(rec.slurm_id, ()):
         cap = book.caps.get(k)
@@ -159,9 +169,12 @@ def blocked(
     records: Sequence[JobRecord],
     book: LimitBook,
     learned: Sequence[Learned],
+    groups: Mapping[str, Sequence[JobRecord]] | None = None,
 ) -> str:
     """Why a queued job the plan left out waits for a limit, or never fits one ('' when
-    no limit holds it back: it waits for GPUs)."""
+    no limit holds it back: it waits for GPUs). ``groups``: ``group_members`` of the
+    active ``records``, when the caller asks for many jobs of one cycle (only the groups
+    of ``rec`` are then looked at: thousands of queued jobs cost no quadratic time)."""
     own = job_limit(rec, book, learned)
     most = own.max_gpus
     if own.max_gpus_per_node is not None and own.max_nodes is not None:
@@ -175,10 +188,14 @@ def blocked(
             f"its minimum of {lo} (resubmit with --min-gpus {max(1, most)} or another "
             "QOS or account)"
         )
-    active = [r for r in records if r.active]
-    for cap, rs in _groups(active, book).values():
-        if rec not in rs:
+    active = [r for r in records if r.active] if groups is None or learned else []
+    if groups is None:
+        groups = group_members(active, book)
+    for key in book.jobs.get(rec.slurm_id, ()):
+        rs = groups.get(key, ())
+        if not any(r is rec for r in rs):
             continue
+        cap = book.caps[key]
         limit = cap.limit.gpus
         if limit is not None and limit < lo:
             return f"{NEVER}: {cap.describe()} allows {limit} GPUs, below its minimum of {lo}"
@@ -196,7 +213,7 @@ def blocked(
         if c.key.startswith("job/") or c.dim not in ("gpus", "jobs"):
             continue
         rs = members(c.key, active, book)
-        if rec in rs:
+        if any(r is rec for r in rs):
             held = sum(holding(r)[0 if c.dim == "gpus" else 2] for r in rs if r is not rec)
             if held + (lo if c.dim == "gpus" else 1) > c.value:
                 return f"{LIMIT_WAIT}: {c.text()}"

@@ -26,7 +26,7 @@ from hpcorch.cluster import Cluster, Observation, ObservedJob
 from hpcorch.controller import adopt, availability, reconcile
 from hpcorch.controller.availability import Fate
 from hpcorch.controller.config import LoopConfig
-from hpcorch.controller.execute import Executor
+from hpcorch.controller.execute import Executor, act, move_clocks
 from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.lease import Lease
 from hpcorch.controller.limit_keeper import LimitKeeper
@@ -146,7 +146,7 @@ class Controller:
 
     def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
-        calls0 = self.cluster.calls
+        calls0, slurm_s0 = self.cluster.calls, self.cluster.call_seconds
         observed_at = self.lease.clock() if self.lease is not None else 0.0
         obs = self.cluster.observe()
         if self.lease is not None:  # LeaseLost: another controller acts on the pool
@@ -180,6 +180,7 @@ class Controller:
             if rec.phase == "queued" and 0 < rec.retry_at <= now:
                 rec.retry_at = 0.0  # its back-off is over: schedule it again
                 changed = True
+        pending += self._replan_blocked(records, obs, now)
         self._account(records, now)
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
@@ -196,7 +197,10 @@ class Controller:
         except Exception as exc:
             self.warn(f"placement claims ignored this cycle: {describe(exc)}")
             claims = {}
-        pending = [(r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims)]
+        active = self.records.active()
+        pending = [
+            (r, a) for r, a in pending if not self._must_wait(r, a, obs, now, claims, active)
+        ]
         queueing = ("start", "hold", "requeue_hold", "cancel")
         acting = {r.slurm_id for r, a in pending if a.kind in queueing}
         holds = 0
@@ -217,15 +221,7 @@ class Controller:
                 (rec, a, self._intent(rec, a))
                 for rec, a in sorted(pending, key=lambda p: ACTION_ORDER[p[1].kind])
             ]
-        starts = 0
-        done: list[tuple[int, str]] = []
-        for rec, action, decision_id in intents:
-            if action.kind == "start":
-                starts += 1
-                if starts > self.config.max_starts_per_cycle:
-                    done.append((decision_id, "deferred"))
-                    continue
-            done.append((decision_id, self.executor.execute(rec, action)))
+        done, unanswered = act(self.executor, self.config, intents, now, t0)
         stats = CycleStats(
             time=now,
             seconds=time.perf_counter() - t0,
@@ -233,6 +229,8 @@ class Controller:
             slurm_calls=self.cluster.calls - calls0,
             jobs=len(records),
             actions=len(intents),
+            full=full,
+            extra={"slurm_s": self.cluster.call_seconds - slurm_s0},
         )
         pool = json.dumps(
             [
@@ -249,7 +247,8 @@ class Controller:
         )
         ends = repr(obs.pool_ends_at) if obs.pool_ends_at else ""
         ends += "\n" + self.guard.foreign(obs)
-        self.guard.gpu_view(obs.nodes, records, now)
+        ending = {j.slurm_id for j in obs.jobs if j.state == "COMPLETING"}
+        self.guard.gpu_view(obs.nodes, records, now, ending)
         with self.store.transaction():
             for decision_id, status in done:
                 self.store.finish_decision(decision_id, status)
@@ -269,7 +268,45 @@ class Controller:
         self._flight = any(
             r.phase in ("starting", "stopping") and now - r.phase_since < window for r in records
         )
+        if unanswered is not None:
+            raise unanswered  # what was done is stored; the service waits for Slurm
         return stats
+
+    def excuse(self, seconds: float) -> int:
+        """Slurm did not answer for ``seconds``: the clocks of the transitions under way
+        (a launch pending or starting up, a stop's grace and signals) move on by that
+        much, so that nothing is judged late for time Slurm could not act in. The number
+        of jobs whose clocks moved. A node's GPUs in use that differed from the controller's
+        view before the outage count afresh: slurmctld works through what ended meanwhile."""
+        self.guard.view_afresh()
+        with self.store.transaction():
+            moved = move_clocks(self.records.active(), seconds)
+            now = self.cluster.now()
+            self.records.write(lambda rec, exc: self._unstorable(rec, exc, now))
+        return moved
+
+    def _replan_blocked(
+        self, records: Sequence[JobRecord], obs: Observation, now: float
+    ) -> list[tuple[JobRecord, Action]]:
+        """Starts whose planned GPUs running jobs hold (Slurm placed one of those otherwise
+        than planned): held if Slurm has them pending, and planned afresh."""
+        try:
+            blocked = reconcile.blocked_starts(records, obs.nodes)
+        except Exception as exc:
+            self.warn(f"starts not checked against what runs this cycle: {describe(exc)}")
+            return []
+        held = {j.slurm_id for j in obs.jobs if j.held}
+        out: list[tuple[JobRecord, Action]] = []
+        for rec in records:
+            why = blocked.get(rec.slurm_id)
+            if why is None:
+                continue
+            o = reconcile.Outcome()
+            reconcile.queue_again(rec, now, o, "hold", why, self.config.settings.start_backoff_s)
+            self._events(rec, [f"replan: {why}"])
+            if rec.slurm_id not in held:
+                out += [(rec, a) for a in o.actions]
+        return out
 
     # --- adoption of new jobs -----------------------------------------------------------
     def _adopt_new(self, obs: Observation, now: float) -> bool:
@@ -389,18 +426,25 @@ class Controller:
         obs: Observation,
         now: float,
         claims: Mapping[int, Mapping[str, int]],
+        active: Sequence[JobRecord],
     ) -> bool:
         """A start that must wait (reconcile.start_wait) stays held in phase starting;
-        it is tried again every cycle."""
+        it is tried again every cycle, and planned afresh once it has waited as long as
+        Slurm may keep a released launch pending (``launch_pending_s``)."""
         if a.kind != "start" or a.shape is None:
             return False
+        s = self.config.settings
         try:
-            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, self.config.settings, claims)
-            why = why or self.limits.wait(rec, a.shape, self.records.active())
+            why = reconcile.start_wait(rec, a.shape, obs.nodes, now, s, claims)
+            why = why or self.limits.wait(rec, a.shape, active)
         except Exception as exc:  # this job's start waits; the others go on
             self._job_error(rec, "placing its start", exc)
             return True
-        if why:
+        if why and now - rec.phase_since >= s.launch_pending_s:
+            again = f"its start waited {now - rec.phase_since:.0f} s ({why}): planned again"
+            reconcile.queue_again(rec, now, reconcile.Outcome(), "hold", again, s.start_backoff_s)
+            self._events(rec, [f"replan: {again}"])  # (held all along: nothing to ask Slurm)
+        elif why:
             rec.reason = why
         return bool(why)
 

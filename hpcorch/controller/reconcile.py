@@ -39,6 +39,7 @@ from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.decide import can_stop, decide, trained_since
 from hpcorch.controller.ends import (
     UNPLANNED,
+    budget_timeout,
     checkpointed,
     ended,
     left,
@@ -46,9 +47,14 @@ from hpcorch.controller.ends import (
     moved_off,
     no_checkpoints,
     queue_again,
-    timeout,
 )
-from hpcorch.controller.shapes import launch_wait, start_claims, start_wait, target_shape
+from hpcorch.controller.shapes import (
+    blocked_starts,
+    launch_wait,
+    start_claims,
+    start_wait,
+    target_shape,
+)
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.waiting import silent
 from hpcorch.gputypes import type_of_nodes
@@ -61,10 +67,12 @@ __all__ = [
     "Action",
     "Outcome",
     "Settings",
+    "blocked_starts",
     "can_stop",
     "decide",
     "launch_wait",
     "observe",
+    "queue_again",
     "start_claims",
     "start_wait",
     "target_shape",
@@ -230,7 +238,8 @@ def _relaunch_from_held(
     if forced and missed_checkpoint(rec, s):
         no_checkpoints(rec, now, s, out, "it did not checkpoint when asked", cancel=True)
     elif rec.budget_spent():
-        timeout(rec, now, out, "time budget spent (the checkpoint was forced)", requeued=True)
+        # found requeued held before its checkpoint's report was read: the same end
+        budget_timeout(rec, now, out, requeued=True, forced=forced)
     elif rec.target_gpus > 0:
         out.actions.append(
             Action("start", rec.slurm_id, target_shape(rec, pool_nodes), "resume relaunch")
@@ -268,7 +277,7 @@ def _running(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Out
         if rec.moved:  # why it moved stays in view
             why += f": {rec.moved}"
         _set_phase(rec, "running", now, why)
-    if job.node_names:
+    if job.node_names and job.state != "COMPLETING":  # (completing: the nodes not done yet)
         rec.gpus = job.gpus
         rec.nodes = len(job.node_names)
         rec.node_list = ",".join(job.node_names)

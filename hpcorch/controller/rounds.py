@@ -26,7 +26,7 @@ from hpcorch.controller.memory import Records
 from hpcorch.controller.snapshot import Profiles, build_snapshot, completed, planned_type
 from hpcorch.controller.store import JobRecord
 from hpcorch.controller.validate import TagError, pin_of, request_of
-from hpcorch.controller.waiting import NEVER, WAITING, fits, why_waiting
+from hpcorch.controller.waiting import NEVER, WAITING, fits, silent_launches, why_waiting
 from hpcorch.policy.limits import limited_schedule, validate_limits
 from hpcorch.policy.types import CompletedJob, JobPlan, PlanError, Policy, validate_plan
 
@@ -92,12 +92,14 @@ class Rounds:
             for r in active
             if (r.phase == "queued" or r.slurm_id in moving) and r.min_gpus > fits(r, nodes)
         ]
+        holders = silent_launches(records, now, s)  # once a round, not once a queued job
         for rec in unfit:  # it waits, or leaves its node for the queue
             if rec.slurm_id in moving:
                 acts += self._decide(rec, None, now, (), "", moving[rec.slurm_id], None)
             else:
-                self._waiting(rec, records, obs, now)
-        active = [r for r in active if r not in unfit]
+                self._waiting(rec, records, obs, now, holders)
+        left_out = {id(r) for r in unfit}
+        active = [r for r in active if id(r) not in left_out]
         pins, requests = self._requests(obs, active)
         tags = {j.slurm_id: j.tags for j in obs.jobs}
         samples = {r.slurm_id: self.records.samples(r.slurm_id) for r in active}
@@ -155,7 +157,7 @@ class Rounds:
             kind = planned_type(snapshot, jp)
             acts += self._decide(rec, jp, now, pool_nodes, kind, moving.get(rec.slurm_id, ""), live)
             if rec.phase == "queued" and not rec.retry_at:
-                self._waiting(rec, records, obs, now)
+                self._waiting(rec, records, obs, now, holders)
         return decision_s, acts
 
     def _decide(
@@ -193,14 +195,19 @@ class Rounds:
         return [(rec, a) for a in out.actions]
 
     def _waiting(
-        self, rec: JobRecord, records: Sequence[JobRecord], obs: Observation, now: float
+        self,
+        rec: JobRecord,
+        records: Sequence[JobRecord],
+        obs: Observation,
+        now: float,
+        holders: Sequence[JobRecord],
     ) -> None:
         """A queued job the round did not start: why it waits (waiting.py), where its
         reason is the plain wait or a minimum the pool can never give; one of Slurm's
         limits first (limit_keeper.py)."""
         if self.limits is not None and self.limits.explain(rec, records):
             return
-        why = why_waiting(rec, records, obs.nodes, now, self.config.settings)
+        why = why_waiting(rec, records, obs.nodes, now, self.config.settings, holders)
         if why.startswith(NEVER) or rec.reason.startswith((WAITING, NEVER, *LIMITED)):
             rec.reason = why
 

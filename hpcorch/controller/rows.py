@@ -260,3 +260,5 @@ class CycleStats:
     jobs: int
     actions: int
     extra: dict[str, float] = field(default_factory=dict)
+    full: bool = True
+    """A full cycle (every job's metrics read), not a fast one."""

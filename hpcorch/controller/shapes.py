@@ -44,6 +44,45 @@ def start_claims(
     return out
 
 
+def blocked_starts(records: Sequence[JobRecord], nodes: Sequence[PoolNode]) -> dict[int, str]:
+    """Starting jobs whose planned GPUs running jobs hold (Slurm placed one of them
+    otherwise than planned, or it ran on there longer): {job id: why}. Waiting cannot
+    free those GPUs; the job is to be planned afresh."""
+    names = tuple(n.name for n in nodes)
+    free = {n.name: max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes}
+    unusable = {n.name: n.leaving or "down" for n in nodes if not n.usable}
+    holders: dict[str, list[str]] = {}
+    for r in records:
+        if r.phase != "running" or not r.gpus:
+            continue
+        where = [n for n in r.node_list.split(",") if n]
+        counts = [int(c) for c in r.node_gpus.split(",") if c.isdigit()]
+        if len(counts) != len(where):
+            counts = [r.gpus // max(1, len(where))] * len(where)
+        for name, c in zip(where, counts, strict=True):
+            if name in free:
+                free[name] -= c
+                holders.setdefault(name, []).append(f"{r.slurm_id}:{c}")
+    out: dict[int, str] = {}
+    for sid, claim in start_claims(records, names).items():
+        short = {n: c for n, c in claim.items() if free.get(n, 0) < c}
+        if short:
+            gone = {n: why for n, why in unusable.items() if n in short}
+            what = "; ".join(
+                f"{n}: out of service ({gone[n]})"
+                if n in gone
+                else f"{n}: {max(0, free.get(n, 0))} of {c} free, jobs "
+                + " ".join(holders.get(n, []))
+                for n, c in short.items()
+            )
+            held = "are out of service or held" if gone else "are held"
+            out[sid] = f"its planned GPUs {held} by running jobs ({what}): planned again"
+        for n, c in claim.items():
+            free[n] = free.get(n, 0) - c
+            holders.setdefault(n, []).append(f"{sid}:{c} (starting)")
+    return out
+
+
 def start_wait(
     rec: JobRecord,
     shape: Shape,
@@ -82,8 +121,10 @@ def launch_wait(
     free GPUs leave exactly the planned split. When the planned GPUs are free and the
     nodes' other free GPUs are ones no other starting job is to take (``claimed``: GPUs
     per node name; the plan leaves them idle), waiting cannot help: it goes with the split
-    the cluster chooses on the same nodes, as it does after ``limit_s`` (``waited_s`` so
-    far) in any case."""
+    the cluster chooses on the same nodes. After ``limit_s`` (``waited_s`` so far) it also
+    goes where the cluster's split takes GPUs the plan left idle but none another
+    starting job is to take; never the others' (that job would then wait for GPUs that do
+    not come back: a start held back too long is planned afresh by the loop)."""
     if shape.even or len(shape.per_node) != len(shape.node_names):
         return ""
     order = {n.name: i for i, n in enumerate(nodes)}
@@ -98,10 +139,20 @@ def launch_wait(
         return ""
     if all(f >= c for f, c in zip(have_free, planned, strict=True)):  # the planned GPUs are free
         others = claimed or {}
-        if waited_s >= limit_s > 0 or not any(
+        if not any(
             f > c and others.get(name, 0) > 0 for (name, c), f in zip(mine, have_free, strict=True)
         ):
             return ""
+        split = fill_gpus(shape.gpus, have_free)
+        if (
+            waited_s >= limit_s > 0
+            and split is not None
+            and all(
+                s - c <= f - c - others.get(name, 0)
+                for (name, c), f, s in zip(mine, have_free, split, strict=True)
+            )
+        ):
+            return ""  # Slurm's split takes more here, but none of what others are to take
     have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
     want = " ".join(f"{name}:{c}" for name, c in mine)
     return f"waiting until the free GPUs ({have}) leave one split: {want}"

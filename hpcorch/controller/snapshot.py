@@ -345,6 +345,33 @@ def _weighted(view: JobView, weight: float) -> JobView:
     return view if weight == view.weight else replace(view, weight=weight)
 
 
+def fit_transitions(
+    views: Sequence[JobView], moving: Collection[str], node_gpus: Sequence[int]
+) -> tuple[JobView, ...]:
+    """The views with every start's or stop's planned placement that no longer fits
+    beside what runs (Slurm placed a job otherwise than planned) shown unplaced: the
+    policy is given a pool it can plan, never more GPUs on a node than it has."""
+    used = [0] * len(node_gpus)
+    for v in views:
+        if v.job_id not in moving:
+            for node, n in v.placement.items():
+                if 0 <= node < len(used):
+                    used[node] += n
+    out = []
+    for v in views:
+        if v.job_id in moving and v.placement:
+            if any(
+                not 0 <= node < len(used) or used[node] + n > node_gpus[node]
+                for node, n in v.placement.items()
+            ):
+                v = replace(v, gpus=0, placement={})
+            else:
+                for node, n in v.placement.items():
+                    used[node] += n
+        out.append(v)
+    return tuple(out)
+
+
 def build_snapshot(
     now: float,
     nodes: Sequence[PoolNode],
@@ -403,6 +430,8 @@ def build_snapshot(
         for r in records
         if r.active
     )
+    moving_ids = {str(r.slurm_id) for r in records if r.phase in ("starting", "stopping")}
+    views = fit_transitions(views, moving_ids, node_gpus)
     return Snapshot(
         now=now,
         node_gpus=node_gpus,

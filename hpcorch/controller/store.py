@@ -50,7 +50,7 @@ __all__ = [
     "job_row",
 ]
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     2: (
@@ -107,6 +107,7 @@ _ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("jobs", "limit_cut TEXT NOT NULL DEFAULT ''"),
         ("jobs", "moved TEXT NOT NULL DEFAULT ''"),
     ),
+    11: (("cycles", "full INTEGER NOT NULL DEFAULT 1"),),
 }
 """Columns each schema version added (table, definition): an older database gains them on
 open."""
@@ -373,9 +374,9 @@ class Store:
     # --- cycles -------------------------------------------------------------------------
     def add_cycle(self, c: CycleStats) -> None:
         self.db.execute(
-            "INSERT INTO cycles(time, seconds, decision_s, slurm_calls, jobs, actions)"
-            " VALUES(?,?,?,?,?,?)",
-            (c.time, c.seconds, c.decision_s, c.slurm_calls, c.jobs, c.actions),
+            "INSERT INTO cycles(time, seconds, decision_s, slurm_calls, jobs, actions, full)"
+            " VALUES(?,?,?,?,?,?,?)",
+            (c.time, c.seconds, c.decision_s, c.slurm_calls, c.jobs, c.actions, int(c.full)),
         )
         self.db.execute("DELETE FROM cycles WHERE id <= (SELECT MAX(id) FROM cycles) - 10000")
         totals = add_to_totals(json.loads(self.get_meta(TOTALS_KEY) or "{}"), c)

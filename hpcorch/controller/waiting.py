@@ -39,14 +39,21 @@ def fits(rec: JobRecord, nodes: Sequence[PoolNode]) -> int:
     )
 
 
+def silent_launches(records: Sequence[JobRecord], now: float, s: Settings) -> list[JobRecord]:
+    """The launches that have not reported their start for a while (``silent``)."""
+    return [r for r in records if silent(r, now, s)]
+
+
 def why_waiting(
     rec: JobRecord,
     records: Sequence[JobRecord],
     nodes: Sequence[PoolNode],
     now: float,
     s: Settings,
+    holders: Sequence[JobRecord] | None = None,
 ) -> str:
-    """The reason a queued job the policy did not start shows."""
+    """The reason a queued job the policy did not start shows. ``holders``: the
+    ``silent_launches`` of ``records``, when the caller asks for many queued jobs."""
     kinds = rec.accepted_types()
     mine = [n for n in nodes if not kinds or n.gpu_type in kinds]
     total = sum(n.gpus for n in mine)
@@ -70,7 +77,8 @@ def why_waiting(
             f"{WAITING}: it needs at least {rec.min_gpus}, {usable} of the pool's {total} "
             f"GPUs{of} can be given now ({'; '.join(why)})"
         )
-    holders = [r for r in records if silent(r, now, s)]
+    if holders is None:
+        holders = silent_launches(records, now, s)
     if holders:
         r = max(holders, key=lambda h: h.gpus)
         more = f" (and {len(holders) - 1} more launch(es))" if len(holders) > 1 else ""

@@ -236,8 +236,9 @@ class ElasticRun(Launch):
         """Collective: take ``new`` from the first step no rank has laid out yet (a library
         that keeps its data loader while it trains); returns that step."""
         t = torch.tensor([float(self._laid_next)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        at = int(t.item())
+        laid = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(laid, t)  # every rank's next step; the furthest is where all switch
+        at = int(max(x.item() for x in laid))
         self.switch = (at, new)
         self.rebatch(new, at)
         return at

@@ -135,6 +135,13 @@ class SimSlurm:
     def calls(self) -> int:
         return self._calls
 
+    @property
+    def call_seconds(self) -> float:
+        return 0.0  # the simulated Slurm answers at once
+
+    def ping(self) -> None:
+        self._calls += 1
+
     def now(self) -> float:
         return self.world.now
 
@@ -185,6 +192,9 @@ class SimSlurm:
             self._waiting.append(j)
             self._waiting.sort(key=lambda w: w.slurm_id)
         self._dispatch()
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        return {}  # every action took effect when it was made
 
     def hold(self, slurm_id: int) -> None:
         self._calls += 1

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 
 from hpcorch import hostlist
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
-from hpcorch.gputypes import TYPE_RE
 from hpcorch.slurm.assoc_mgr import (
     AssocMgr,
     AssocMgrError,
@@ -39,6 +38,7 @@ from hpcorch.slurm.parse import (
     parse_squeue,
     parse_sshare,
 )
+from hpcorch.slurm.shape_args import shape_args
 from hpcorch.slurm.version import SlurmBehaviour, SlurmVersion, parse_version
 
 RESERVATION_DURATION = "3650-00:00:00"
@@ -53,6 +53,16 @@ class SlurmBackend(Protocol):
     @property
     def calls(self) -> int:
         """Requests sent to Slurm so far (commands run or RPCs made)."""
+        ...
+
+    @property
+    def seconds(self) -> float:
+        """Seconds spent waiting for Slurm's answers so far."""
+        ...
+
+    def ping(self) -> None:
+        """One cheap request (``scontrol ping``): ``SlurmUnavailable`` unless slurmctld
+        answers."""
         ...
 
     # queries
@@ -112,13 +122,14 @@ class SlurmBackend(Protocol):
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         """Exactly ``nodes`` nodes with ``gpus_per_node`` GPUs each, on ``node_names`` if
         given (an empty list clears a previous node list), with ``cpus_per_gpu`` CPUs per
         GPU if given. ``per_node``: GPUs on each of ``node_names`` when they differ (see
         :func:`shape_args`). ``gpu_type``: GPUs of that type only ('': any).
         ``time_limit_min``: the launch's time limit in minutes (-1: UNLIMITED; 0: as it
-        is)."""
+        is). ``start_now``: in the same request, let it start at once (StartTime=now)."""
         ...
 
     def start_now(self, job_id: int) -> None:
@@ -132,6 +143,11 @@ class SlurmBackend(Protocol):
 
     def hold(self, job_id: int) -> None: ...
     def release(self, job_id: int) -> None: ...
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        """Hold (``held``) or release every one of ``job_ids``, in one request where Slurm
+        takes a list; an error is raised once all were tried."""
+        ...
+
     def requeue_hold(self, job_id: int) -> None: ...
     def create_reservation(
         self, name: str, nodes: str, users: str, partition: str | None = None
@@ -180,6 +196,8 @@ class SlurmCLI:
         self.env = dict(os.environ if env is None else env)
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
+        self.seconds = 0.0
+        """Seconds spent in those commands."""
         self._nodes_argv = ["sinfo", "--json"]
         self._typed = True
         """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
@@ -195,6 +213,7 @@ class SlurmCLI:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
         check_slurm_conf(self.env)
         self.calls += 1
+        t0 = time.monotonic()
         try:
             proc = subprocess.run(
                 [exe, *argv[1:]],
@@ -207,9 +226,19 @@ class SlurmCLI:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
+            self.seconds += time.monotonic() - t0
+            if argv[:2] != ["scontrol", "ping"] and self._answers():
+                # slurmctld answers: the command itself waited (scancel retries a job in a
+                # transition for up to 95 s): this command failed, Slurm is not down
+                raise SlurmCommandError(
+                    f"{argv[0]} did not finish within {self.timeout:.0f} s (slurmctld "
+                    "answers: the command kept waiting)"
+                ) from exc
             raise SlurmUnavailable(
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
+        else:
+            self.seconds += time.monotonic() - t0
         if proc.returncode != 0:
             msg = (
                 _first_error_line(proc.stderr)
@@ -229,6 +258,18 @@ class SlurmCLI:
             raise SlurmCommandError(f"{argv[0]} --json printed no valid JSON: {exc}") from exc
         if not isinstance(doc, dict):
             raise SlurmCommandError(f"{argv[0]} --json printed {type(doc).__name__}, not object")
+        errors = doc.get("errors")
+        if isinstance(errors, list) and errors:
+            # Slurm 22.05's squeue and sinfo exit 0 with an empty list and this when
+            # slurmctld does not answer: never "no jobs" (every job would look gone)
+            first = errors[0] if isinstance(errors[0], dict) else {}
+            what = ": ".join(
+                str(first[k]) for k in ("source", "description", "error") if first.get(k)
+            )
+            raise SlurmUnavailable(
+                f"Slurm is not reachable ({argv[0]} --json answered with an error instead "
+                f"of its list: {what or 'no detail'})"
+            )
         return doc
 
     # --- queries ------------------------------------------------------------------------
@@ -321,6 +362,14 @@ class SlurmCLI:
         nodes = self.reservation(name).nodes
         return expand_nodelist(nodes) if nodes else []
 
+    def _answers(self) -> bool:
+        """Whether slurmctld answers one ping (after a command ran out of time)."""
+        try:
+            self.ping()
+        except (SlurmUnavailable, SlurmCommandError):
+            return False
+        return True
+
     def ping(self) -> None:
         """Raise SlurmUnavailable unless slurmctld answers."""
         out = self.run(["scontrol", "ping"])
@@ -359,12 +408,15 @@ class SlurmCLI:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         if node_names and not self._typed:  # 22.05: the nodes name the type (retypes_gpus)
             gpu_type = ""
         fields = shape_args(nodes, gpus_per_node, node_names, cpus_per_gpu, per_node, gpu_type)
         if time_limit_min:
             fields.append(f"TimeLimit={time_limit_min if time_limit_min > 0 else 'UNLIMITED'}")
+        if start_now:
+            fields.append("StartTime=now")
         try:
             self.scontrol("update", f"jobid={job_id}", *fields)
         except SlurmCommandError as exc:
@@ -390,6 +442,10 @@ class SlurmCLI:
 
     def release(self, job_id: int) -> None:
         self.scontrol("release", str(job_id))
+
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        # scontrol tries every job of the list and exits 1 if one failed
+        self.scontrol("hold" if held else "release", ",".join(str(j) for j in job_ids))
 
     def requeue_hold(self, job_id: int) -> None:
         self.scontrol("requeuehold", str(job_id))
@@ -422,58 +478,6 @@ class SlurmCLI:
 
 MIXED_GRES = "with and without type identification"
 """What slurmctld says of a GPU request updated from untyped to typed (or back) at once."""
-
-
-def shape_args(
-    nodes: int,
-    gpus_per_node: int,
-    node_names: Sequence[str] = (),
-    cpus_per_gpu: int = 0,
-    per_node: Sequence[int] = (),
-    gpu_type: str = "",
-) -> list[str]:
-    """``scontrol update job`` fields for a pending job's next launch.
-
-    ``gpu_type``: the GPUs are of that type (``gres:gpu:a100:4``); '' any GPUs, which also
-    clears a type an earlier launch asked for.
-
-    The same GPUs on every node: ``TresPerNode``, which Slurm holds to on each node.
-    Different counts (``per_node`` on ``node_names``): one GPU count for the whole job
-    (``TresPerJob``, i.e. ``--gpus``) on exactly those nodes; Slurm 22.05+ puts one GPU on
-    every node and the rest node by node in its node order, each up to the node's free
-    GPUs (``hpcorch.cluster.fill_gpus``), so the counts are exactly ``per_node`` when the
-    free GPUs leave that one choice, which the controller waits for. The other form is
-    cleared, so a job can go from one to the other between launches.
-
-    CPUs: never ``CpusPerTres``. It does not change the CPUs of an allocation after submit
-    on 22.05 (a job submitted with 2 CPUs per GPU on 1 GPU got 2 CPUs on 4 GPUs), and
-    24.11+ keeps the CPUs it implied at a job's first scheduling through every later update
-    (a job started at 4 GPUs x 2 CPUs and reshaped to 2 GPUs still needed 8 CPUs on 4
-    cores: pending for Resources on an idle node). The job's CPUs are its per-node minimum
-    ``MinCPUsNode`` (the GPUs' CPUs on each node) and its total ``NumCPUs``. For an uneven
-    job Slurm spreads the total over its nodes itself, evenly (3 and 3 for 4+2 GPUs at 1
-    per GPU), whatever the per-node minimum: a total planned as the GPUs' CPUs put more on
-    the node with the fewest GPUs than the plan left free there (3+4+4 GPUs at 2 per GPU:
-    22 CPUs, 7 on a node with 6 free, pending for Resources while its GPUs sat idle; the
-    real-pool replay). So an uneven job asks for the CPUs of its leanest node on every
-    node (2 x 3 = 6 there, 18 in all): it fits wherever its GPUs were planned, and the job
-    wrapper gives every task the CPUs per GPU of the leanest node.
-    """
-    counts = tuple(per_node) if per_node else (gpus_per_node,) * nodes
-    uneven = len(set(counts)) > 1
-    if gpu_type and not TYPE_RE.fullmatch(gpu_type):
-        raise ValueError(f"not a GPU type: {gpu_type!r}")
-    gpu = f"gres:gpu:{gpu_type}:" if gpu_type else "gres:gpu:"
-    if uneven:
-        gres = ["TresPerNode=", f"TresPerJob={gpu}{sum(counts)}"]
-    else:
-        gres = ["TresPerJob=", f"TresPerNode={gpu}{gpus_per_node}"]
-    cpus = []
-    if cpus_per_gpu > 0:
-        least = cpus_per_gpu * min(counts)
-        total = least * len(counts) if uneven else cpus_per_gpu * sum(counts)
-        cpus = [f"MinCPUsNode={max(1, least)}", f"NumCPUs={total}"]
-    return [f"NumNodes={nodes}-{nodes}", *gres, *cpus, f"ReqNodeList={','.join(node_names)}"]
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

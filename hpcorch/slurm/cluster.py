@@ -39,6 +39,7 @@ from hpcorch.slurm.lease_jobs import SlurmLeaseJobs, as_lease
 from hpcorch.slurm.limits import limit_book, rekey
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.script import parse_comment
+from hpcorch.slurm.together import set_held_together
 
 logger = logging.getLogger("hpcorch.controller")
 
@@ -97,10 +98,20 @@ class SlurmCluster:
         self._refused: dict[int, str] = {}
         """Pool jobs Slurm kept pending for a limit at the last observation, and why."""
         self._limits_warned = ""
+        self._holds: list[int] = []
+        self._releases: list[int] = []
+        """Jobs to hold and to release, sent together by flush()."""
 
     @property
     def calls(self) -> int:
         return self.backend.calls
+
+    @property
+    def call_seconds(self) -> float:
+        return self.backend.seconds
+
+    def ping(self) -> None:
+        self.backend.ping()
 
     def now(self) -> float:
         return time.time()
@@ -376,15 +387,27 @@ class SlurmCluster:
             shape.per_node if not shape.even else (),
             shape.gpu_type,
             shape.time_limit_min,
+            start_now=True,
         )
-        self.backend.start_now(slurm_id)
-        tolerate(self.backend.release, slurm_id, ok=("already", "not held"))
+        self._releases.append(slurm_id)  # released by flush(), with the cycle's others
 
     def hold(self, slurm_id: int) -> None:
-        """Hold a pending job: an admin hold, when the controller is a Slurm operator. Its
-        plan is withdrawn first: released by anyone else, the launch runs nothing."""
+        """Hold a pending job (by flush()): an admin hold, when the controller is a Slurm
+        operator. Its plan is withdrawn now: released by anyone else, it runs nothing."""
         self._withdraw(slurm_id)
-        tolerate(self.backend.hold, slurm_id, ok=("already",))
+        self._holds.append(slurm_id)
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        """The cycle's holds, then its releases, each in one request: the jobs Slurm refused,
+        with its error."""
+        holds, releases = self._holds, self._releases
+        self._holds, self._releases = [], []
+        if not send:
+            return {}
+        failed = set_held_together(self.backend, holds, True, ok=("already",))
+        # a job the list released may be running by the time it is released on its own
+        ok = ("already", "not held", "no longer pending")
+        return failed | set_held_together(self.backend, releases, False, ok=ok)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self.backend.cancel(slurm_id, signal=self.signal, batch_only=True)

@@ -56,6 +56,7 @@ class PySlurmBackend:
         self.pyslurm: Any = module if module is not None else importlib.import_module("pyslurm")
         self.cli = cli or SlurmCLI()
         self._rpcs = 0
+        self._seconds = 0.0
         self._loaded_jobs: list[Any] = []
         self._jobs_loaded_at = -1e18
 
@@ -72,12 +73,21 @@ class PySlurmBackend:
         """RPCs made through pyslurm plus Slurm commands run."""
         return self._rpcs + self.cli.calls
 
+    @property
+    def seconds(self) -> float:
+        """Seconds spent waiting for pyslurm's RPCs and Slurm's commands."""
+        return self._seconds + self.cli.seconds
+
+    def ping(self) -> None:
+        self.cli.ping()  # scontrol ping: one REQUEST_PING, as with the commands
+
     def _rpc(self, what: str, fn: Callable[[], T]) -> T:
         self._rpcs += 1
         rpc_error = getattr(self.pyslurm, "RPCError", None)
         errors: tuple[type[BaseException], ...] = (ValueError,)
         if isinstance(rpc_error, type) and issubclass(rpc_error, BaseException):
             errors = (rpc_error, ValueError)
+        t0 = time.monotonic()
         try:
             return fn()
         except errors as exc:
@@ -86,6 +96,8 @@ class PySlurmBackend:
             if _unreachable(msg):
                 raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
             raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
+        finally:
+            self._seconds += time.monotonic() - t0
 
     @staticmethod
     def _values(collection: Any) -> list[Any]:
@@ -189,6 +201,7 @@ class PySlurmBackend:
         per_node: Sequence[int] = (),
         gpu_type: str = "",
         time_limit_min: int = 0,
+        start_now: bool = False,
     ) -> None:
         self.cli.set_shape(
             job_id,
@@ -199,6 +212,7 @@ class PySlurmBackend:
             per_node,
             gpu_type,
             time_limit_min,
+            start_now,
         )
 
     def start_now(self, job_id: int) -> None:
@@ -216,6 +230,16 @@ class PySlurmBackend:
 
     def release(self, job_id: int) -> None:
         self._rpc("release", self._job(job_id).release)
+
+    def set_held(self, job_ids: Sequence[int], held: bool) -> None:
+        first: SlurmCommandError | None = None
+        for job_id in job_ids:  # one RPC each, as scontrol sends them
+            try:
+                (self.hold if held else self.release)(job_id)
+            except SlurmCommandError as exc:
+                first = first or exc
+        if first is not None:
+            raise first
 
     def requeue_hold(self, job_id: int) -> None:
         job = self._job(job_id)

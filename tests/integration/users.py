@@ -10,7 +10,6 @@ file sets. Nothing depends on the checkout's or the development environment's pe
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import re
@@ -26,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.site_pool import ensure_user
 from tests.conftest import POOL_SCRIPT, REPO, Pool, pool_env, slurm_release
 
 CONTROLLER = "hpcorch"
@@ -58,17 +58,6 @@ def can_run() -> str | None:
         if not shutil.which(tool):
             return f"needs {tool}"
     return None
-
-
-def ensure_user(name: str, system: bool = False) -> int:
-    """The uid of ``name``, created (without a home) if missing: under a lock, since test
-    sessions side by side (.ci/run's lanes) may make the same user at the same moment."""
-    with open("/tmp/hpcorch-test-users.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-            argv = ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin"]
-            subprocess.run([*argv, *(["--system"] if system else []), name], check=True)
-    return int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout)
 
 
 @functools.cache
