@@ -266,6 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     f"site_scale: the controller exited:\n{ctl_log.read_text()[-3000:]}"
                 )
             time.sleep(1.0)
+        settle(watch, env, set(ids.values()))
     finally:
         if inc_thread is not None:
             inc_thread.stop.set()
@@ -344,7 +345,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "end": i.end,
                 "what": i.describe(),
                 "controller_lines": sm.lines_about(
-                    _window(log, i.start, i.end + args.recover), _WORDS
+                    _window(log, i.start, _said_until(i.end + args.recover, cycles)), _WORDS
                 ),
             }
             for i in incidents
@@ -360,6 +361,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 _WORDS = ("Slurm", "slurm", "cycle failed", "retry")
+
+
+def settle(watch: Watch, env: dict[str, str], ids: set[int], within_s: float = 60.0) -> None:
+    """Slurm's state of every job once the controller has seen them all end: looked at
+    again until Slurm shows none still running or completing (the last look, up to
+    ``--poll-every`` old, can show the last job still running)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        watch.poll(env, ids)
+        if time.monotonic() > deadline or not any(
+            watch.states.get(i) in ("RUNNING", "COMPLETING") for i in ids
+        ):
+            return
+        time.sleep(1.0)
+
+
+def _said_until(end: float, cycles: list[dict[str, Any]]) -> float:
+    """Where an incident's window of the controller's lines ends: ``end``, or later, when a
+    cycle under way then ended later (a cycle of slow answers says so when it ends)."""
+    ends = [float(c["time"]) + float(c["seconds"]) for c in cycles if float(c["time"]) <= end]
+    return max([end, *ends]) + 1.0
 
 
 def _window(log: str, start: float, end: float) -> str:

@@ -252,6 +252,9 @@ class Cluster(Protocol):
     def call_seconds(self) -> float:
         """Seconds spent waiting for the scheduler's answers so far."""
 
+    def longest_call(self) -> float:
+        """Seconds of the longest single call since this was last asked (0: none)."""
+
     def ping(self) -> None:
         """Ask the scheduler whether it answers (one cheap request); raises
         ``SlurmUnavailable`` when it does not."""

@@ -46,8 +46,14 @@ class FakeCluster:
     down: set[str] = field(default_factory=set)
     calls: int = 0
     call_seconds: float = 0.0
+    longest: float = 0.0
+    """The longest call since ``longest_call`` was last asked."""
     answers: bool = True
     """Whether slurmctld answers (``ping``)."""
+
+    def longest_call(self) -> float:
+        longest, self.longest = self.longest, 0.0
+        return longest
 
     def ping(self) -> None:
         self.calls += 1

@@ -110,6 +110,9 @@ class FillCluster:
     calls: int = 0
     call_seconds: float = 0.0
 
+    def longest_call(self) -> float:
+        return 0.0
+
     def now(self) -> float:
         return self.t
 

@@ -147,6 +147,7 @@ class Controller:
     def _cycle(self, full: bool) -> CycleStats:
         t0 = time.perf_counter()
         calls0, slurm_s0 = self.cluster.calls, self.cluster.call_seconds
+        self.cluster.longest_call()  # from here on: this cycle's calls (not a ping between)
         observed_at = self.lease.clock() if self.lease is not None else 0.0
         obs = self.cluster.observe()
         if self.lease is not None:  # LeaseLost: another controller acts on the pool
@@ -230,7 +231,10 @@ class Controller:
             jobs=len(records),
             actions=len(intents),
             full=full,
-            extra={"slurm_s": self.cluster.call_seconds - slurm_s0},
+            extra={
+                "slurm_s": self.cluster.call_seconds - slurm_s0,
+                "slurm_longest_s": self.cluster.longest_call(),
+            },
         )
         pool = json.dumps(
             [

@@ -29,6 +29,8 @@ SLOW_CALL_S = 3.0
 """A cycle whose Slurm calls took this long each on average means Slurm answers slowly."""
 PROMPT_CALL_S = 1.0
 """... and one below this, that it answers promptly again."""
+SLOW_ONE_CALL_S = 4.0
+"""... as does a cycle with one call this long (below ``SLOW_CALL_S``: prompt again)."""
 
 
 def unavailable(exc: BaseException) -> bool:
@@ -138,7 +140,14 @@ def serve(
                 "pool afresh before it acted"
             )
             outage = None
-        slow = _slowness(ctl, slow, stats.slurm_calls, stats.extra.get("slurm_s", 0.0), t0)
+        slow = _slowness(
+            ctl,
+            slow,
+            stats.slurm_calls,
+            stats.extra.get("slurm_s", 0.0),
+            stats.extra.get("slurm_longest_s", 0.0),
+            t0,
+        )
         if full_since:
             ctl.log(f"the controller's state is writable again after {t0 - full_since:.0f} s")
             full_since = 0.0
@@ -162,25 +171,29 @@ def _answers(ctl: Controller) -> bool:
 
 
 def _slowness(
-    ctl: Controller, slow: Slowness | None, calls: int, seconds: float, now: float
+    ctl: Controller, slow: Slowness | None, calls: int, seconds: float, longest: float, now: float
 ) -> Slowness | None:
-    """A spell of slow answers from Slurm, said when it begins and when it ends."""
+    """A spell of slow answers from Slurm, said when it begins and when it ends: a cycle
+    whose calls took ``SLOW_CALL_S`` each on average, or one of them ``SLOW_ONE_CALL_S``
+    (a slurmctld that runs in bursts answers the calls that reach it in one at once, and
+    the others after its pause); over when a cycle's calls and its longest are prompt."""
     per_call = seconds / calls if calls else 0.0
     if slow is None:
-        if per_call < SLOW_CALL_S:
+        if per_call < SLOW_CALL_S and longest < SLOW_ONE_CALL_S:
             return None
         ctl.warn(
             f"Slurm answers slowly: this cycle's {calls} call(s) took {seconds:.1f} s "
-            f"({per_call:.1f} s each); the controller acts on what it observed for at most "
-            f"{ctl.config.stale_after_s:.0f} s, then observes again"
+            f"({per_call:.1f} s each, the longest {longest:.1f} s); the controller acts on "
+            f"what it observed for at most {ctl.config.stale_after_s:.0f} s, then observes "
+            "again"
         )
-        return Slowness(now, per_call)
-    if calls and per_call < PROMPT_CALL_S:
+        return Slowness(now, max(per_call, longest))
+    if calls and per_call < PROMPT_CALL_S and longest < SLOW_CALL_S:
         ctl.log(
             f"Slurm answers promptly again after {now - slow.since:.0f} s of slow answers "
-            f"({slow.cycles} cycle(s), the slowest call {slow.worst_call_s:.1f} s on average)"
+            f"({slow.cycles} cycle(s), the longest call {slow.worst_call_s:.1f} s)"
         )
         return None
     slow.cycles += 1
-    slow.worst_call_s = max(slow.worst_call_s, per_call)
+    slow.worst_call_s = max(slow.worst_call_s, longest, per_call)
     return slow

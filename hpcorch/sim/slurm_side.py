@@ -139,6 +139,9 @@ class SimSlurm:
     def call_seconds(self) -> float:
         return 0.0  # the simulated Slurm answers at once
 
+    def longest_call(self) -> float:
+        return 0.0
+
     def ping(self) -> None:
         self._calls += 1
 

@@ -60,6 +60,10 @@ class SlurmBackend(Protocol):
         """Seconds spent waiting for Slurm's answers so far."""
         ...
 
+    def longest_call(self) -> float:
+        """Seconds of the longest single request since this was last asked (0: none)."""
+        ...
+
     def ping(self) -> None:
         """One cheap request (``scontrol ping``): ``SlurmUnavailable`` unless slurmctld
         answers."""
@@ -198,6 +202,7 @@ class SlurmCLI:
         """Slurm commands run by this backend (for metrics and tests)."""
         self.seconds = 0.0
         """Seconds spent in those commands."""
+        self._longest = 0.0
         self._nodes_argv = ["sinfo", "--json"]
         self._typed = True
         """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
@@ -226,7 +231,7 @@ class SlurmCLI:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            self.seconds += time.monotonic() - t0
+            self._took(time.monotonic() - t0)
             if argv[:2] != ["scontrol", "ping"] and self._answers():
                 # slurmctld answers: the command itself waited (scancel retries a job in a
                 # transition for up to 95 s): this command failed, Slurm is not down
@@ -238,7 +243,7 @@ class SlurmCLI:
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
         else:
-            self.seconds += time.monotonic() - t0
+            self._took(time.monotonic() - t0)
         if proc.returncode != 0:
             msg = (
                 _first_error_line(proc.stderr)
@@ -361,6 +366,14 @@ class SlurmCLI:
     def reservation_nodes(self, name: str) -> list[str]:
         nodes = self.reservation(name).nodes
         return expand_nodelist(nodes) if nodes else []
+
+    def _took(self, seconds: float) -> None:
+        self.seconds += seconds
+        self._longest = max(self._longest, seconds)
+
+    def longest_call(self) -> float:
+        longest, self._longest = self._longest, 0.0
+        return longest
 
     def _answers(self) -> bool:
         """Whether slurmctld answers one ping (after a command ran out of time)."""

@@ -110,6 +110,9 @@ class SlurmCluster:
     def call_seconds(self) -> float:
         return self.backend.seconds
 
+    def longest_call(self) -> float:
+        return self.backend.longest_call()
+
     def ping(self) -> None:
         self.backend.ping()
 

@@ -57,6 +57,7 @@ class PySlurmBackend:
         self.cli = cli or SlurmCLI()
         self._rpcs = 0
         self._seconds = 0.0
+        self._longest = 0.0
         self._loaded_jobs: list[Any] = []
         self._jobs_loaded_at = -1e18
 
@@ -78,6 +79,10 @@ class PySlurmBackend:
         """Seconds spent waiting for pyslurm's RPCs and Slurm's commands."""
         return self._seconds + self.cli.seconds
 
+    def longest_call(self) -> float:
+        longest, self._longest = self._longest, 0.0
+        return max(longest, self.cli.longest_call())
+
     def ping(self) -> None:
         self.cli.ping()  # scontrol ping: one REQUEST_PING, as with the commands
 
@@ -97,7 +102,9 @@ class PySlurmBackend:
                 raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
             raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
         finally:
-            self._seconds += time.monotonic() - t0
+            took = time.monotonic() - t0
+            self._seconds += took
+            self._longest = max(self._longest, took)
 
     @staticmethod
     def _values(collection: Any) -> list[Any]:

@@ -134,6 +134,20 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float, log: Path | No
         time.sleep(0.5)
 
 
+def wait_for_phase(ctl: ControllerProc, job: int, phase: str, timeout: float) -> None:
+    """Wait for the controller to record ``job`` in ``phase``; when it does not, the failure
+    says where the job stands: its record and Slurm's own view of it."""
+    try:
+        wait_for(f"job {job} {phase}", lambda: ctl.phase(job) == phase, timeout, ctl.log)
+    except AssertionError as exc:
+        rec = ctl.record(job)
+        where = f"{rec.phase}: {rec.reason} (since {rec.phase_since:.0f})" if rec else "none"
+        shown = ctl.pool.run("scontrol", "-o", "show", "job", str(job), check=False)
+        raise AssertionError(
+            f"{exc}\nthe controller's record: {where}\nSlurm: {shown.stdout.strip()[:1500]}"
+        ) from None
+
+
 def job_dir(pool: Pool, job_id: int) -> Path:
     for spec in pool.home.glob("jobs/*/job.json"):
         if json.loads(spec.read_text())["slurm_id"] == job_id:

@@ -18,6 +18,7 @@ from tests.integration.controller_util import (
     metrics_lines,
     submit,
     wait_for,
+    wait_for_phase,
 )
 
 pytestmark = [pytest.mark.slurm, pytest.mark.releases]
@@ -69,7 +70,7 @@ def test_grows_and_shrinks_three_jobs(env_pool: Pool, tmp_path: Path) -> None:
         c = submit(env_pool, res, "C", 1, 2, "--epochs", "3", "--sample-delay", "0.002")
         ended: dict[int, str] = {}  # Slurm's state when the controller saw the job done
         for job in (c, b):
-            wait_for(f"job {job} done", lambda j=job: ctl.phase(j) == "done", 300, ctl.log)  # type: ignore[misc]
+            wait_for_phase(ctl, job, "done", 300)
             ended[job] = env_pool.state(job)  # (read later, Slurm may have purged it)
         wait_for("A grown back", lambda: any(t > f for f, t in resizes(ctl, a)), 120, ctl.log)
         # 60 epochs on 4 ranks: minutes on a loaded 2-core machine

@@ -20,6 +20,7 @@ from tests.integration.controller_util import (
     metrics_lines,
     submit,
     wait_for,
+    wait_for_phase,
 )
 from tests.integration.users import PYTHON, can_run, ensure_user, install_site
 
@@ -74,7 +75,7 @@ def test_controller_killed_mid_resize(env_pool: Pool, tmp_path: Path) -> None:
         time.sleep(3)
         ctl.start()  # a new controller on the same state
         for job in (a, b):
-            wait_for(f"job {job} done", lambda j=job: ctl.phase(j) == "done", 400, ctl.log)  # type: ignore[misc]
+            wait_for_phase(ctl, job, "done", 400)
         assert_resumed_exactly(env_pool, a)
         assert losses(env_pool, a)[-1] < losses(env_pool, a)[0]
         starts = [d for d in ctl.decisions() if d.slurm_id == a and d.action == "start"]

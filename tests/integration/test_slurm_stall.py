@@ -1,7 +1,7 @@
 """An overloaded slurmctld on the real pool (issue 35): benchmarks/site_scale.py as it
 ships, at a small scale (4 nodes x 4 GPUs, 24 jobs of 4 real second Unix users, the
 controller as its own user, the featherweight emulated jobs), with slurmctld stopped
-(SIGSTOP) for 30 s and for 120 s, then slowed (running 0.1 s of every 5 s) for 60 s, while
+(SIGSTOP) for 30 s and for 120 s, then slowed (running 0.1 s of every 10 s) for 60 s, while
 the jobs arrive, start, resize and end.
 
 The controller keeps its state and loses no job (every one completes); launches none twice
@@ -45,7 +45,7 @@ def test_an_overloaded_slurmctld_costs_no_job_and_no_second_launch(tmp_path: Pat
         sys.executable, str(REPO / "benchmarks" / "site_scale.py"), "--nodes", "4",
         "--gpus-per-node", "4", "--cpus-per-node", "8", "--jobs", "24", "--users", "4",
         "--time-scale", "0.01", "--arrival-scale", "0.004", "--slurm", slurm_release(),
-        "--backend", backend, "--stall", "30,120", "--slow", "60,0.1,4.9",
+        "--backend", backend, "--stall", "30,120", "--slow", "60,0.1,9.9",
         "--incidents-at", "20,70,210", "--recover", "15", "--no-sim",
         "--pool-dir", f"{pool_dir}-stall", "--port-base", str(pool_port_base() + 400),
         "--work", str(work), "--out", str(out), "--timeout", "1200",
