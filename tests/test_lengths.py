@@ -13,6 +13,7 @@ from hpcorch.policy.estimate import estimate, one_gpu_time
 from hpcorch.policy.lengths import gittins_remaining
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample, validate_plan
+from tests.unknown_length import unknown_length_job
 
 PROFILE = (
     *(StepSample(1, g, 16, 0.02 + 0.004 * 16 + 0.01 * (g > 1), 0.0, 1) for g in (1, 2, 4)),
@@ -22,24 +23,7 @@ PROFILE = (
 
 
 def _job(name: str, **kw: object) -> JobView:
-    base = JobView(
-        job_id=name,
-        application=name,
-        submit_time=0.0,
-        requested_gpus=1,
-        requested_batch=64,
-        min_gpus=1,
-        max_gpus=16,
-        min_batch=64,
-        max_batch=1024,
-        min_micro_batch=1,
-        max_micro_batch=16,
-        max_epochs=1,
-        progress_per_epoch_hint=1.0,
-        length_known=False,
-        profile=PROFILE,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+    return unknown_length_job(name, **{"profile": PROFILE, **kw})
 
 
 def test_the_gittins_remaining_work_of_one_size_is_what_is_left_of_it() -> None:

@@ -156,15 +156,28 @@ def test_a_start_slurm_did_not_answer_is_read_from_slurm(tmp_path: Path, ghost: 
         assert rec is not None and rec.phase == "running" and rec.launches == 1
 
 
-def test_slow_answers_are_said_when_they_begin_and_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("seconds", "longest", "said_first"),
+    [
+        (8.0, 4.0, "4.0 s each"),  # two calls of 4 s
+        # slurmctld running a moment in every few seconds answers the calls that reach it
+        # in one moment at once and the others after its pause: the average call looks
+        # prompt, the longest does not
+        (5.0, 4.9, "the longest 4.9 s"),
+    ],
+)
+def test_slow_answers_are_said_when_they_begin_and_end(
+    tmp_path: Path, seconds: float, longest: float, said_first: str
+) -> None:
     c = Stalling()
     c.add(1, 1, 8)
     ctl, lines = make(tmp_path, c)
     plain = c.observe
 
     def slow_observe() -> Observation:
-        if 20 <= c.t - t0 < 80:
-            c.call_seconds += 8.0  # two calls of 4 s
+        slow = 20 <= c.t - t0 < 80
+        c.call_seconds += seconds if slow else 0.0
+        c.longest = longest if slow else 0.1
         return plain()
 
     c.observe = slow_observe  # type: ignore[method-assign]
@@ -172,33 +185,7 @@ def test_slow_answers_are_said_when_they_begin_and_end(tmp_path: Path) -> None:
     run_for(ctl, c, 150, down=(0, 0))
     said = [ln for ln in lines if "Slurm answers" in ln]
     assert len(said) == 2, lines
-    assert said[0].startswith("Slurm answers slowly") and "4.0 s each" in said[0]
-    assert said[1].startswith("Slurm answers promptly again after")
-
-
-def test_a_slurmctld_that_answers_in_bursts_is_said_to_answer_slowly(tmp_path: Path) -> None:
-    """slurmctld running a moment in every few seconds answers the calls that reach it in
-    one moment at once and the others after its pause: the average call looks prompt,
-    the longest does not."""
-    c = Stalling()
-    c.add(1, 1, 8)
-    ctl, lines = make(tmp_path, c)
-    plain = c.observe
-
-    def bursty_observe() -> Observation:
-        if 20 <= c.t - t0 < 80:
-            c.call_seconds += 5.0  # one call of 4.9 s, the other at once
-            c.longest = 4.9
-        else:
-            c.longest = 0.1
-        return plain()
-
-    c.observe = bursty_observe  # type: ignore[method-assign]
-    t0 = c.t
-    run_for(ctl, c, 150, down=(0, 0))
-    said = [ln for ln in lines if "Slurm answers" in ln]
-    assert len(said) == 2, lines
-    assert said[0].startswith("Slurm answers slowly") and "the longest 4.9 s" in said[0]
+    assert said[0].startswith("Slurm answers slowly") and said_first in said[0]
     assert said[1].startswith("Slurm answers promptly again after")
 
 

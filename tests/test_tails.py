@@ -4,34 +4,15 @@ jobs of unknown length by default."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.tails import age_factor, guarded, restart_guard, restarts_over
-from hpcorch.policy.types import JobView, Snapshot
+from hpcorch.policy.types import Snapshot
+from tests.unknown_length import unknown_length_job
 
-
-def _job(name: str, **kw: object) -> JobView:
-    base = JobView(
-        job_id=name,
-        application=name,
-        submit_time=0.0,
-        requested_gpus=1,
-        requested_batch=64,
-        min_gpus=1,
-        max_gpus=16,
-        min_batch=64,
-        max_batch=1024,
-        min_micro_batch=1,
-        max_micro_batch=16,
-        max_epochs=1,
-        progress_per_epoch_hint=1.0,
-        length_known=False,
-    )
-    return replace(base, **kw)  # type: ignore[arg-type]
+_job = unknown_length_job
 
 
 RUN = {"gpus": 4, "placement": {0: 4}, "batch": 64, "micro_batch": 16}
