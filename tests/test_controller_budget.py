@@ -4,6 +4,7 @@ checkpointing at its time limit is relaunched only within its budget and its cap
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tests.test_controller_logic import FakeCluster, controller
 
@@ -52,8 +53,11 @@ def test_resizes_do_not_count_against_the_cap(tmp_path: Path) -> None:
     assert rec.phase in ("running", "starting")
 
 
-def test_a_job_past_its_budget_is_checkpointed_and_ends(tmp_path: Path) -> None:
+def _past_its_budget(tmp_path: Path, requeue_self: bool = False) -> tuple[FakeCluster, Any]:
+    """A job with a 100 s budget run until the controller signals it for its checkpoint
+    (it does not checkpoint yet)."""
     c = FakeCluster()
+    c.requeue_self = requeue_self
     c.add(1, 2, 2)
     _tagged(c, 1, budget="100")
     ctl = controller(tmp_path, c)
@@ -63,8 +67,13 @@ def test_a_job_past_its_budget_is_checkpointed_and_ends(tmp_path: Path) -> None:
     for _ in range(5):  # 5 x 25 s of run time
         c.t += 25
         ctl.cycle()
-        if ctl.store.job(1).phase == "stopping":  # type: ignore[union-attr]
+        if ctl.store.job(1).phase == "stopping":
             break
+    return c, ctl
+
+
+def test_a_job_past_its_budget_is_checkpointed_and_ends(tmp_path: Path) -> None:
+    c, ctl = _past_its_budget(tmp_path)
     rec = ctl.store.job(1)
     assert rec is not None and rec.phase == "stopping" and rec.run_total_s >= 100
     assert ("signal", 1) in c.log and rec.reason.startswith("time budget spent (1:")
@@ -80,19 +89,7 @@ def test_a_job_past_its_budget_found_requeued_held_ends_with_what_it_ran(tmp_pat
     """The wrapper requeues the job held after its checkpoint: Slurm may show it so before
     the checkpoint's report is read. The end says what it ran, and the checkpoint was not
     forced."""
-    c = FakeCluster()
-    c.requeue_self = True
-    c.add(1, 2, 2)
-    _tagged(c, 1, budget="100")
-    ctl = controller(tmp_path, c)
-    ctl.cycle()
-    ctl.cycle()
-    c.jobs[1].exit_on_signal = False
-    for _ in range(5):
-        c.t += 25
-        ctl.cycle()
-        if ctl.store.job(1).phase == "stopping":  # type: ignore[union-attr]
-            break
+    c, ctl = _past_its_budget(tmp_path, requeue_self=True)
     c.checkpointed(1)
     c.set(1, special_exit=False, reason="JobHeldUser")  # a requeue hold, as scontrol's
     ctl.cycle()
