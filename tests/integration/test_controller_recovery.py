@@ -75,7 +75,8 @@ def test_controller_killed_mid_resize(env_pool: Pool, tmp_path: Path) -> None:
         time.sleep(3)
         ctl.start()  # a new controller on the same state
         for job in (a, b):
-            wait_for_phase(ctl, job, "done", 400)
+            # A's 960 steps on 4 gloo ranks: it reached step 931 of them in 400 s in CI
+            wait_for_phase(ctl, job, "done", 900)
         assert_resumed_exactly(env_pool, a)
         assert losses(env_pool, a)[-1] < losses(env_pool, a)[0]
         starts = [d for d in ctl.decisions() if d.slurm_id == a and d.action == "start"]

@@ -42,7 +42,7 @@ def base_env(job_dir: Path, **extra: str) -> dict[str, str]:
 class Run:
     procs: list[subprocess.Popen[str]]
 
-    def wait(self, timeout: float = 120) -> list[int]:
+    def wait(self, timeout: float = 300) -> list[int]:
         return [p.wait(timeout=timeout) for p in self.procs]
 
     def stderr(self) -> str:
@@ -108,10 +108,16 @@ def last_step(job_dir: Path) -> int:
 
 
 def signal_at(
-    run: Run, job_dir: Path, step: int, ranks: Sequence[int] = (1,), sig: int = signal.SIGUSR2
+    run: Run,
+    job_dir: Path,
+    step: int,
+    ranks: Sequence[int] = (1,),
+    sig: int = signal.SIGUSR2,
+    timeout: float = 300.0,
 ) -> None:
-    """Send the checkpoint signal to ``ranks`` once the job reports ``step``."""
-    wait_for(lambda: last_step(job_dir) >= step)
+    """Send the checkpoint signal to ``ranks`` once the job reports ``step`` (its ranks'
+    start, torch's import and the process group, took over 60 s in a loaded CI)."""
+    wait_for(lambda: last_step(job_dir) >= step, timeout)
     run.signal(sig, ranks)
 
 
@@ -194,5 +200,5 @@ def sbatch(
 
 def signal_job_at(job: Job, job_dir: Path, step: int, sig: str = "USR2") -> None:
     """Ask the job for a checkpoint the way a site does: signal its batch shell."""
-    wait_for(lambda: last_step(job_dir) >= step, timeout=120)
+    wait_for(lambda: last_step(job_dir) >= step, timeout=300)
     job.scancel("--batch", f"--signal={sig}")
