@@ -26,6 +26,7 @@ from hpcorch.slurm.assoc_mgr import (
     parse_assoc_mgr,
     parse_partitions,
 )
+from hpcorch.slurm.clock import CallClock
 from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import (
     SACCT_FIELDS,
@@ -200,9 +201,8 @@ class SlurmCLI:
         self.env = dict(os.environ if env is None else env)
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
-        self.seconds = 0.0
-        """Seconds spent in those commands."""
-        self._longest = 0.0
+        self.clock = CallClock()
+        """How long those commands took."""
         self._nodes_argv = ["sinfo", "--json"]
         self._typed = True
         """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
@@ -231,7 +231,7 @@ class SlurmCLI:
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            self._took(time.monotonic() - t0)
+            self.clock.took(time.monotonic() - t0)
             if argv[:2] != ["scontrol", "ping"] and self._answers():
                 # slurmctld answers: the command itself waited (scancel retries a job in a
                 # transition for up to 95 s): this command failed, Slurm is not down
@@ -243,7 +243,7 @@ class SlurmCLI:
                 f"{argv[0]} did not answer within {self.timeout:.0f} s: is slurmctld up?"
             ) from exc
         else:
-            self._took(time.monotonic() - t0)
+            self.clock.took(time.monotonic() - t0)
         if proc.returncode != 0:
             msg = (
                 _first_error_line(proc.stderr)
@@ -367,13 +367,13 @@ class SlurmCLI:
         nodes = self.reservation(name).nodes
         return expand_nodelist(nodes) if nodes else []
 
-    def _took(self, seconds: float) -> None:
-        self.seconds += seconds
-        self._longest = max(self._longest, seconds)
+    @property
+    def seconds(self) -> float:
+        """Seconds spent in its commands."""
+        return self.clock.seconds
 
     def longest_call(self) -> float:
-        longest, self._longest = self._longest, 0.0
-        return longest
+        return self.clock.longest_call()
 
     def _answers(self) -> bool:
         """Whether slurmctld answers one ping (after a command ran out of time)."""

@@ -31,6 +31,7 @@ from hpcorch.cluster import LEASE_NAME
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
 from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
+from hpcorch.slurm.clock import CallClock
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.pyslurm_map import (
     _names,
@@ -56,8 +57,8 @@ class PySlurmBackend:
         self.pyslurm: Any = module if module is not None else importlib.import_module("pyslurm")
         self.cli = cli or SlurmCLI()
         self._rpcs = 0
-        self._seconds = 0.0
-        self._longest = 0.0
+        self.clock = CallClock()
+        """How long its RPCs took (its commands: ``cli.clock``)."""
         self._loaded_jobs: list[Any] = []
         self._jobs_loaded_at = -1e18
 
@@ -77,11 +78,10 @@ class PySlurmBackend:
     @property
     def seconds(self) -> float:
         """Seconds spent waiting for pyslurm's RPCs and Slurm's commands."""
-        return self._seconds + self.cli.seconds
+        return self.clock.seconds + self.cli.seconds
 
     def longest_call(self) -> float:
-        longest, self._longest = self._longest, 0.0
-        return max(longest, self.cli.longest_call())
+        return max(self.clock.longest_call(), self.cli.longest_call())
 
     def ping(self) -> None:
         self.cli.ping()  # scontrol ping: one REQUEST_PING, as with the commands
@@ -102,9 +102,7 @@ class PySlurmBackend:
                 raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
             raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
         finally:
-            took = time.monotonic() - t0
-            self._seconds += took
-            self._longest = max(self._longest, took)
+            self.clock.took(time.monotonic() - t0)
 
     @staticmethod
     def _values(collection: Any) -> list[Any]:
