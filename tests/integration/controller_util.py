@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -135,17 +136,27 @@ def wait_for(what: str, cond: Callable[[], bool], timeout: float, log: Path | No
 
 
 def wait_for_phase(ctl: ControllerProc, job: int, phase: str, timeout: float) -> None:
-    """Wait for the controller to record ``job`` in ``phase``; when it does not, the failure
-    says where the job stands: its record and Slurm's own view of it."""
-    try:
-        wait_for(f"job {job} {phase}", lambda: ctl.phase(job) == phase, timeout, ctl.log)
-    except AssertionError as exc:
-        rec = ctl.record(job)
-        where = f"{rec.phase}: {rec.reason} (since {rec.phase_since:.0f})" if rec else "none"
-        shown = ctl.pool.run("scontrol", "-o", "show", "job", str(job), check=False)
-        raise AssertionError(
-            f"{exc}\nthe controller's record: {where}\nSlurm: {shown.stdout.strip()[:1500]}"
-        ) from None
+    """Wait for the controller to record ``job`` in ``phase``; when it does not, the failure's
+    first line (all a CI summary keeps) says where the job stands, in the controller's record
+    and in Slurm, and the lines after it give the record, Slurm's view and the log's tail."""
+    deadline = time.time() + timeout
+    while ctl.phase(job) != phase:
+        if time.time() > deadline:
+            break
+        time.sleep(0.5)
+    else:
+        return
+    rec = ctl.record(job)
+    where = f"{rec.phase}: {rec.reason} (since {rec.phase_since:.0f})" if rec else "none"
+    shown = ctl.pool.run("scontrol", "-o", "show", "job", str(job), check=False).stdout.strip()
+    state = re.search(r"\bJobState=(\S+)", shown)
+    reason = re.search(r"\bReason=(\S+)", shown)
+    brief = f"{state.group(1)} ({reason.group(1)})" if state and reason else "not known"
+    tail = ctl.log.read_text()[-3000:] if ctl.log.exists() else ""
+    raise AssertionError(
+        f"timed out after {timeout:.0f} s waiting for job {job} {phase}: the controller has it "
+        f"{where[:160]}; Slurm {brief}\nSlurm: {shown[:1500]}\n{tail}"
+    )
 
 
 def job_dir(pool: Pool, job_id: int) -> Path:

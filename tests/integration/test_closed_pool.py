@@ -23,6 +23,7 @@ from tests.integration.controller_util import (
     metrics_lines,
     submit,
     wait_for,
+    wait_for_phase,
 )
 from tests.integration.test_trust import fill_up, mount_small, reservation, run_unit, stop_unit
 from tests.integration.users import (
@@ -77,7 +78,7 @@ def test_a_strangers_job_in_the_pool_is_counted_shown_and_never_planned(
         block = out.split("NOT PLACED BY THE CONTROLLER", 1)[-1]
         assert str(stranger) in block and "root" in block and "n1:4" in block, out
         assert "without the controller" in ctl.log.read_text()
-        wait_for("the newcomer done", lambda: ctl.phase(job) == "done", 300, ctl.log)
+        wait_for_phase(ctl, job, "done", 300)
     finally:
         ctl.stop()
         cleanup(env_pool, res)
@@ -132,7 +133,7 @@ def test_a_launch_slurm_keeps_pending_is_planned_again(env_pool: Pool, tmp_path:
         )
         assert "(PartitionDown)" in ctl.log.read_text()
         env_pool.run("scontrol", "update", "PartitionName=gpu", "State=UP")
-        wait_for("the job done", lambda: ctl.phase(job) == "done", 300, ctl.log)
+        wait_for_phase(ctl, job, "done", 300)
     finally:
         env_pool.run("scontrol", "update", "PartitionName=gpu", "State=UP", check=False)
         ctl.stop()
@@ -165,7 +166,7 @@ def test_an_empty_state_beside_a_pool_with_jobs_needs_adopt(env_pool: Pool, tmp_
         adopted = ControllerProc(env_pool, ctl.state, res, "--adopt", *FAST)
         adopted.start()
         try:
-            wait_for("the job done", lambda: adopted.phase(job) == "done", 300, adopted.log)
+            wait_for_phase(adopted, job, "done", 300)
         finally:
             adopted.stop()
     finally:
@@ -195,7 +196,7 @@ def test_a_full_state_directory_keeps_jobs_running_and_says_so_once(
         assert log.count("cannot be written") == 1, log[-3000:]
         assert ctl.proc is not None and ctl.proc.poll() is None
         (state / "fill").unlink()
-        wait_for("the job done", lambda: ctl.phase(job) == "done", 300, ctl.log)
+        wait_for_phase(ctl, job, "done", 300)
         assert "writable again" in ctl.log.read_text()
     finally:
         ctl.stop()

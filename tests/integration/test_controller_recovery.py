@@ -111,7 +111,7 @@ def test_slurmd_killed_under_a_running_job(env_pool: Pool, tmp_path: Path) -> No
         subprocess.run(
             [str(REPO / "slurm" / "pool"), "up"], env=env_pool.env, check=True, capture_output=True
         )  # the node comes back
-        wait_for("A done", lambda: ctl.phase(a) == "done", 400, ctl.log)
+        wait_for_phase(ctl, a, "done", 400)
         assert_resumed_exactly(env_pool, a)
         assert "requeued: by Slurm" in ctl.log.read_text()
         assert ctl.stop() == 0

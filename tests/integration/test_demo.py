@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Pool
-from tests.integration.controller_util import ELASTIC, FAST, ControllerProc, submit, wait_for
+from tests.integration.controller_util import (
+    ELASTIC,
+    FAST,
+    ControllerProc,
+    submit,
+    wait_for,
+    wait_for_phase,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -44,7 +51,7 @@ def test_demo_sequence_grow_shrink_batch(env_pool: Pool, tmp_path: Path) -> None
             ]
 
         wait_for("A shrunk for B", lambda: any(t < f for _, f, t in moves()), 90, ctl.log)
-        wait_for("B done", lambda: ctl.phase(b) == "done", 240, ctl.log)
+        wait_for_phase(ctl, b, "done", 240)
         wait_for("A grown back", lambda: any(t > f for _, f, t in moves()[1:]), 120, ctl.log)
 
         def batches_trained() -> set[int]:

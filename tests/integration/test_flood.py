@@ -20,7 +20,14 @@ import pytest
 
 from hpcorch.controller.thinning import KEEP_FINISHED, MAX_SAMPLES_PER_JOB
 from tests.conftest import Pool
-from tests.integration.controller_util import FAST, ControllerProc, job_dir, submit, wait_for
+from tests.integration.controller_util import (
+    FAST,
+    ControllerProc,
+    job_dir,
+    submit,
+    wait_for,
+    wait_for_phase,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -105,12 +112,12 @@ def test_a_flooding_job_keeps_the_controller_bounded(env_pool: Pool, tmp_path: P
         flood_s = time.time() - t0
         cycles_run = _query(db, cycles) - cycles0
         rss1 = _rss_mb(pid)
-        wait_for("the flood job done", lambda: ctl.phase(flood) == "done", 60, ctl.log)
+        wait_for_phase(ctl, flood, "done", 60)
         deadline = time.time() + 30  # pruned at the next round (every 2 s here)
         while _query(db, rows) > KEEP_FINISHED and time.time() < deadline:
             time.sleep(1)
         after = _query(db, rows)
-        wait_for("the other job done", lambda: ctl.phase(other) == "done", 300, ctl.log)
+        wait_for_phase(ctl, other, "done", 300)
         jd = job_dir(env_pool, flood)
         written = int((jd / "flood-lines").read_text())
         size = (jd / "metrics.jsonl").stat().st_size

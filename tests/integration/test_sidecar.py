@@ -21,6 +21,7 @@ from tests.integration.controller_util import (
     job_dir,
     metrics_lines,
     wait_for,
+    wait_for_phase,
 )
 
 pytestmark = pytest.mark.slurm
@@ -126,7 +127,7 @@ def test_plain_script_resized_2_4_2(env_pool: Pool, ctl: ControllerProc, tmp_pat
     wait_for("progress at 4", lambda: progressing(env_pool, ctl, job), 90, ctl.log)
     pin(env_pool, job, 2)
     wait_for("the job shrunk to 2", lambda: (4, 2) in resizes(ctl, job), 60, ctl.log)
-    wait_for("the job done", lambda: ctl.phase(job) == "done", 400, ctl.log)
+    wait_for_phase(ctl, job, "done", 400)
 
     moves = resizes(ctl, job)
     assert (2, 4) in moves and moves.index((2, 4)) < len(moves) - 1 - moves[::-1].index((4, 2))
@@ -160,7 +161,7 @@ def test_lightning_style_script(env_pool: Pool, ctl: ControllerProc, tmp_path: P
     wait_for("progress", lambda: progressing(env_pool, ctl, job, 20), 90, ctl.log)
     pin(env_pool, job, 2)
     wait_for("the job at 2", lambda: running_at(ctl, job, 2), 120, ctl.log)
-    wait_for("the job done", lambda: ctl.phase(job) == "done", 400, ctl.log)
+    wait_for_phase(ctl, job, "done", 400)
 
     assert (root / "hpc_ckpt_1.ckpt").exists()
     out = output(env_pool, job)
@@ -192,7 +193,7 @@ def test_script_ignoring_the_stop_is_killed_and_resumes(
     wait_for("steps past it", lambda: progressing(env_pool, ctl, job, 50), 120, ctl.log)
     pin(env_pool, job, 2)
     wait_for("the job at 2", lambda: running_at(ctl, job, 2), 120, ctl.log)
-    wait_for("the job done", lambda: ctl.phase(job) == "done", 400, ctl.log)
+    wait_for_phase(ctl, job, "done", 400)
 
     stop = events(env_pool, job, "stop")
     assert stop and stop[0]["graceful"] is False and stop[0]["waited_s"] >= 3
@@ -249,7 +250,7 @@ def test_runtime_script_is_detected_at_launch(env_pool: Pool, ctl: ControllerPro
     )
     pin(env_pool, job, 2)
     wait_for("the job at 2", lambda: running_at(ctl, job, 2), 120, ctl.log)
-    wait_for("the job done", lambda: ctl.phase(job) == "done", 400, ctl.log)
+    wait_for_phase(ctl, job, "done", 400)
     starts = events(env_pool, job, "start")
     ckpts = {c["step"] for c in events(env_pool, job, "checkpoint") if "source" not in c}
     assert len(starts) >= 3 and all(s["resumed"] and s["step"] in ckpts for s in starts[1:])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Pool
-from tests.integration.controller_util import FAST, ControllerProc, submit, wait_for
+from tests.integration.controller_util import FAST, ControllerProc, submit, wait_for, wait_for_phase
 
 pytestmark = [pytest.mark.slurm, pytest.mark.releases]
 
@@ -60,7 +60,7 @@ def test_every_command_on_gpu_a_nodes(accounting_pool: Pool, tmp_path: Path) -> 
         end = time.mktime(time.strptime(re.search(r"EndTime=(\S+)", line)[1], "%Y-%m-%dT%H:%M:%S"))  # type: ignore[index]
         assert end - time.time() > 3000 * 86400, line  # extended to ten years
         job = submit(pool, res, "site", 1, 2, "--epochs", "1")
-        wait_for("the job done", lambda: ctl.phase(job) == "done", 300, ctl.log)
+        wait_for_phase(ctl, job, "done", 300)
         store = ctl.store()
         rec = store.job(job)
         store.close()
