@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 import numpy as np
 
@@ -66,8 +66,6 @@ Config = tuple[int, int, int, int]
 
 _SHARED = "model:"
 """The part of a key after its owner that the site's opt-in shares across owners."""
-
-K = TypeVar("K", bound=Hashable)
 
 
 def owner_of(application: str) -> str:
@@ -132,31 +130,46 @@ def _median_without(vals: list[float], i: int) -> float:
     return at(m // 2) if m % 2 else 0.5 * (at(m // 2 - 1) + at(m // 2))
 
 
-class _Consensus(Generic[K]):
-    """Per key (a per-GPU batch, a configuration): each voter's value (the median of its
-    members' values) and the median of every voter's but one."""
+class _Consensus:
+    """Per per-GPU batch: each voter's value (the median of its members' values) and the
+    median of every voter's but one, as the others' curve (batches and values, sorted by
+    batch): the all-voter curve is built once, and a voter changes it only at its own
+    batches."""
 
-    def __init__(self, values: Mapping[K, Mapping[str, list[float]]]) -> None:
-        self.own = {k: {v: _median_without(sorted(xs), -1) for v, xs in by.items()}
-                    for k, by in values.items()}  # fmt: skip
-        self.ranked = {k: sorted(by.values()) for k, by in self.own.items()}
+    def __init__(self, values: Mapping[int, Mapping[str, list[float]]]) -> None:
+        own = {k: {v: _median_without(sorted(xs), -1) for v, xs in by.items()}
+               for k, by in values.items()}  # fmt: skip
+        keys = sorted(own)
+        self.ranked = [sorted(own[k].values()) for k in keys]
+        self.batches = np.array(keys, dtype=float)
+        self.values = np.array([_median_without(r, -1) for r in self.ranked], dtype=float)
+        self.mine: dict[str, list[tuple[int, float]]] = {}
+        """Voter -> (index of a batch it measured, its value there)."""
+        for i, k in enumerate(keys):
+            for v, x in own[k].items():
+                self.mine.setdefault(v, []).append((i, x))
 
-    def without(self, voter: str) -> dict[K, float]:
-        out: dict[K, float] = {}
-        for k, ranked in self.ranked.items():
-            mine = self.own[k].get(voter)
-            if mine is None:
-                out[k] = _median_without(ranked, -1)
-            elif len(ranked) > 1:
-                out[k] = _median_without(ranked, bisect.bisect_left(ranked, mine))
-        return out
+    def without(self, voter: str) -> tuple[np.ndarray, np.ndarray]:
+        """The others' curve: per batch, the median of every voter's value but ``voter``'s
+        (a batch only ``voter`` measured is left out)."""
+        vals, drop = self.values, []
+        for i, x in self.mine.get(voter, ()):
+            ranked = self.ranked[i]
+            if vals is self.values:
+                vals = vals.copy()
+            if len(ranked) > 1:
+                vals[i] = _median_without(ranked, bisect.bisect_left(ranked, x))
+            else:
+                drop.append(i)
+        if drop:
+            return np.delete(self.batches, drop), np.delete(vals, drop)
+        return self.batches, vals
 
 
-def _compute_ratios(own: dict[int, float], others: dict[int, float]) -> list[float]:
-    if not own or not others:
+def _compute_ratios(own: dict[int, float], others: tuple[np.ndarray, np.ndarray]) -> list[float]:
+    bs, cs = others
+    if not own or not len(bs):
         return []
-    bs = np.array(sorted(others), dtype=float)
-    cs = np.array([others[int(b)] for b in bs])
     ratios = []
     for b, c in own.items():
         # the band the others' curve allows at b: interpolated inside their batches;
@@ -253,7 +266,7 @@ def _scores(measured: Sequence[_Member], voter: Callable[[_Member], str]) -> lis
     own = {v: {c: _median_without(sorted(ts), -1) for c, ts in by.items()}
            for v, by in steps.items()}  # fmt: skip
     peers = _Peers(list(reversed(own)), own) if any(m.loose for m in measured) else None
-    others: dict[str, dict[int, float]] = {}
+    others: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     scores = []
     for m in measured:
         v = voter(m)
