@@ -162,7 +162,9 @@ class _Consensus:
             else:
                 drop.append(i)
         if drop:
-            return np.delete(self.batches, drop), np.delete(vals, drop)
+            keep = np.ones(len(vals), dtype=bool)
+            keep[drop] = False
+            return self.batches[keep], vals[keep]
         return self.batches, vals
 
 
@@ -170,17 +172,14 @@ def _compute_ratios(own: dict[int, float], others: tuple[np.ndarray, np.ndarray]
     bs, cs = others
     if not own or not len(bs):
         return []
-    ratios = []
-    for b, c in own.items():
-        # the band the others' curve allows at b: interpolated inside their batches;
-        # outside, compute is monotone in the batch and grows at most proportionally
-        if b < bs[0]:
-            lo, hi = cs[0] * b / bs[0], cs[0]
-        elif b > bs[-1]:
-            lo, hi = cs[-1], cs[-1] * b / bs[-1]
-        else:
-            lo = hi = float(np.interp(b, bs, cs))
-        ratios.append(max(c / hi, lo / c, 1.0))
+    b = np.fromiter(own.keys(), dtype=float, count=len(own))
+    c = np.fromiter(own.values(), dtype=float, count=len(own))
+    # the band the others' curve allows at b: interpolated inside their batches; outside,
+    # compute is monotone in the batch and grows at most proportionally
+    mid = np.interp(b, bs, cs)
+    lo = np.where(b < bs[0], cs[0] * b / bs[0], np.where(b > bs[-1], cs[-1], mid))
+    hi = np.where(b < bs[0], cs[0], np.where(b > bs[-1], cs[-1] * b / bs[-1], mid))
+    ratios: list[float] = np.maximum(np.maximum(c / hi, lo / c), 1.0).tolist()
     return ratios
 
 
