@@ -32,10 +32,12 @@ def fit_nodes(free: list[int], gpus: int, per_node: int) -> dict[int, int] | Non
     out = {n: per_node for n in whole[:k]}
     if r == 0:
         return out if k else None
-    cand = [(int(arr[n]), n) for n in range(len(free)) if n not in out and arr[n] >= r]
-    if not cand:
+    fits = arr >= r
+    fits[list(out)] = False
+    cand = np.flatnonzero(fits)
+    if not cand.size:
         return None
-    out[min(cand)[1]] = r
+    out[int(cand[np.argmin(arr[cand])])] = r  # the fullest that fits; the lowest such node
     return out
 
 

@@ -274,7 +274,8 @@ def _scores(measured: Sequence[_Member], voter: Callable[[_Member], str]) -> lis
         ratios = _compute_ratios(m.compute, others[v])
         if m.loose and peers is not None:
             ratios += peers.ratios(m.loose, v)
-        scores.append(max(float(np.median(ratios)), math.sqrt(max(ratios))) if ratios else 1.0)
+        ratios.sort()
+        scores.append(max(_median_without(ratios, -1), math.sqrt(ratios[-1])) if ratios else 1.0)
     return scores
 
 
