@@ -122,7 +122,58 @@ def _refill(
     groups: Sequence[Group] = (),
 ) -> None:
     """Give each node's free GPUs to the job that gains most from them there: a job
-    already on that node, or a waiting job starting on it."""
+    already on that node, or a waiting job starting on it (the first such job and the
+    fewest GPUs where gains tie)."""
+    if groups:
+        _refill_within(est, value, free, placements, g, groups)
+        return
+    width, n = value.shape[1], len(g)
+    unplaced = np.ones(n, dtype=bool)
+    on_node: dict[int, list[int]] = {}
+    for i, p in placements.items():
+        unplaced[i] = False
+        for node in p:
+            on_node.setdefault(node, []).append(i)
+    gmin = np.asarray(est.gmin, dtype=np.int64)
+    gmax = np.asarray(est.gmax, dtype=np.int64)
+    for node in range(len(free)):
+        while free[node] > 0:
+            elig = unplaced.copy()
+            elig[on_node.get(node, [])] = True
+            idx = np.flatnonzero(elig)
+            if not idx.size:
+                break
+            have = g[idx].astype(np.int64)
+            d = np.arange(1, free[node] + 1)
+            k = have[:, None] + d[None, :]
+            ok = d[None, :] >= np.maximum(gmin[idx] - have, 1)[:, None]
+            ok &= (k < width) & (k <= gmax[idx][:, None])
+            with np.errstate(invalid="ignore"):
+                gain = value[idx[:, None], np.minimum(k, width - 1)] - value[idx, have][:, None]
+            gain = np.where(ok & ~np.isnan(gain), gain, -np.inf)
+            best = int(np.argmax(gain))  # row-major: the first job, then the fewest GPUs
+            if not gain.flat[best] > 0.0:
+                break
+            row, col = divmod(best, free[node])
+            best_i, best_d = int(idx[row]), col + 1
+            p = placements.setdefault(best_i, {})
+            if node not in p:
+                on_node.setdefault(node, []).append(best_i)
+            unplaced[best_i] = False
+            p[node] = p.get(node, 0) + best_d
+            g[best_i] += best_d
+            free[node] -= best_d
+
+
+def _refill_within(
+    est: Estimates,
+    value: np.ndarray,
+    free: list[int],
+    placements: dict[int, dict[int, int]],
+    g: np.ndarray,
+    groups: Sequence[Group],
+) -> None:
+    """:func:`_refill` under the group limits ``groups`` (job by job)."""
     width = value.shape[1]
     for node in range(len(free)):
         while free[node] > 0:
