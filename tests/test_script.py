@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcorch.protocol import EXIT_LAUNCH_LOST
 from hpcorch.request import RequestError, setup_lines
 from hpcorch.slurm.script import (
     JobSpec,
@@ -172,6 +173,8 @@ def test_shape_that_cannot_be_even_is_an_error() -> None:
 
 
 FAKE_SRUN = """#!/bin/sh
+# rank 0 says it started, as the wrapper's task shim does (not when FAKE_NO_TASK is set)
+[ -n "$FAKE_NO_TASK" ] || echo "$HPCORCH_LAUNCH" > "$HPCORCH_JOB_DIR/task-started"
 if [ -n "$FAKE_BEAT" ]; then
   printf '{"time": %s, "step": 3, "state": "%s"}' "$(date +%s)" "$FAKE_BEAT" \\
     > "$HPCORCH_JOB_DIR/heartbeat"
@@ -219,3 +222,33 @@ def test_wrapper_counts_a_teardown_abort_after_training_as_finished(
     )
     assert run.returncode == want, run.stderr
     assert ("counted as finished" in run.stderr) == (want == 0), run.stderr
+
+
+def test_wrapper_counts_srun_exit_0_without_a_task_as_no_result(tmp_path: Path) -> None:
+    """srun exiting 0 when no task of the launch started is not training finished: 79."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text(FAKE_SRUN)
+    (fake_bin / "srun").chmod(stat.S_IRWXU)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "task-started").write_text("0\n")  # an earlier try's: cleared at the launch
+    env = {
+        **os.environ,
+        "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n1",
+        "MASTER_ADDR": "127.0.0.1",
+        "HPCORCH_JOB_DIR": str(job_dir),
+        "HPCORCH_PYTHON": sys.executable,
+        "FAKE_BEAT": "",
+        "FAKE_RC": "0",
+        "FAKE_NO_TASK": "1",
+    }
+    wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
+    run = subprocess.run(
+        ["bash", str(wrapper), "train.py"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
+    assert "no task of launch 1 started" in run.stderr
+    assert "training finished" not in run.stderr

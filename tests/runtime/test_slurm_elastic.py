@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpcorch.protocol import EXIT_DONE, EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_DONE, EXIT_LAUNCH_LOST, EXIT_RELAUNCH
 from tests.runtime.harness import events, sbatch, signal_job_at
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -97,3 +97,17 @@ def test_standalone_job_requeues_itself(runtime_pool: dict[str, str], tmp_path: 
     starts = events(jd, "start")
     assert [s["resumed"] for s in starts] == [False, True]
     shutil.rmtree(jd)
+
+
+def test_a_launch_whose_tasks_never_started_is_no_result(
+    runtime_pool: dict[str, str], tmp_path: Path
+) -> None:
+    """srun can exit 0 with no task run (here ``--test-only``, an option a user may pass in
+    HPCORCH_SRUN_ARGS; at site scale, a step Slurm never started): that is not training
+    finished. The wrapper says so and exits 79, a launch without a result."""
+    jd = tmp_path / "none"
+    job = sbatch(runtime_pool, jd, ARGS, HPCORCH_SRUN_ARGS="--test-only")
+    assert job.wait(timeout=240) == EXIT_LAUNCH_LOST, job.output()
+    out = job.output()
+    assert "no task of launch 1 started" in out and "training finished" not in out
+    assert not events(jd, "start")
