@@ -183,6 +183,35 @@ exit "$FAKE_RC"
 """
 
 
+def _wrapper_under_fake_srun(
+    tmp_path: Path, *, beat: str = "", rc: int = 0, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """The job wrapper run outside Slurm, its srun the fake above (exit code ``rc``, the
+    heartbeat ``beat`` of this launch); ``tmp_path / "job"`` its job directory."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "srun").write_text(FAKE_SRUN)
+    (fake_bin / "srun").chmod(stat.S_IRWXU)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir(exist_ok=True)
+    full = {
+        **os.environ,
+        "PATH": f"{fake_bin}:{os.environ['PATH']}",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n1",
+        "MASTER_ADDR": "127.0.0.1",
+        "HPCORCH_JOB_DIR": str(job_dir),
+        "HPCORCH_PYTHON": sys.executable,
+        "FAKE_BEAT": beat,
+        "FAKE_RC": str(rc),
+        **env,
+    }
+    wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
+    return subprocess.run(
+        ["bash", str(wrapper), "train.py"], env=full, capture_output=True, text=True, timeout=60
+    )
+
+
 @pytest.mark.parametrize(
     ("beat", "rc", "stale", "want"),
     [
@@ -197,58 +226,19 @@ def test_wrapper_counts_a_teardown_abort_after_training_as_finished(
 ) -> None:
     """gloo can abort a finished rank while the process exits; the wrapper trusts the
     runtime's "done" heartbeat of this launch (written after every rank's last step)."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "srun").write_text(FAKE_SRUN)
-    (fake_bin / "srun").chmod(stat.S_IRWXU)
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    env = {
-        **os.environ,
-        "PATH": f"{fake_bin}:{os.environ['PATH']}",
-        "SLURM_JOB_ID": "7",
-        "SLURM_JOB_NODELIST": "n1",
-        "MASTER_ADDR": "127.0.0.1",
-        "HPCORCH_JOB_DIR": str(job_dir),
-        "HPCORCH_PYTHON": sys.executable,
-        "FAKE_BEAT": "" if stale else beat,
-        "FAKE_RC": str(rc),
-    }
     if stale:
-        (job_dir / "heartbeat").write_text(json.dumps({"time": 1.0, "state": beat}))
-    wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
-    run = subprocess.run(
-        ["bash", str(wrapper), "train.py"], env=env, capture_output=True, text=True, timeout=60
-    )
+        (tmp_path / "job").mkdir()
+        (tmp_path / "job" / "heartbeat").write_text(json.dumps({"time": 1.0, "state": beat}))
+    run = _wrapper_under_fake_srun(tmp_path, beat="" if stale else beat, rc=rc)
     assert run.returncode == want, run.stderr
     assert ("counted as finished" in run.stderr) == (want == 0), run.stderr
 
 
 def test_wrapper_counts_srun_exit_0_without_a_task_as_no_result(tmp_path: Path) -> None:
     """srun exiting 0 when no task of the launch started is not training finished: 79."""
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    (fake_bin / "srun").write_text(FAKE_SRUN)
-    (fake_bin / "srun").chmod(stat.S_IRWXU)
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    (job_dir / "task-started").write_text("0\n")  # an earlier try's: cleared at the launch
-    env = {
-        **os.environ,
-        "PATH": f"{fake_bin}:{os.environ['PATH']}",
-        "SLURM_JOB_ID": "7",
-        "SLURM_JOB_NODELIST": "n1",
-        "MASTER_ADDR": "127.0.0.1",
-        "HPCORCH_JOB_DIR": str(job_dir),
-        "HPCORCH_PYTHON": sys.executable,
-        "FAKE_BEAT": "",
-        "FAKE_RC": "0",
-        "FAKE_NO_TASK": "1",
-    }
-    wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
-    run = subprocess.run(
-        ["bash", str(wrapper), "train.py"], env=env, capture_output=True, text=True, timeout=60
-    )
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "task-started").write_text("0\n")  # an earlier try's: cleared
+    run = _wrapper_under_fake_srun(tmp_path, FAKE_NO_TASK="1")
     assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
     assert "no task of launch 1 started" in run.stderr
     assert "training finished" not in run.stderr
