@@ -205,7 +205,7 @@ def test_bad_input_is_one_clear_error(env_pool: Pool, tmp_path: Path) -> None:
     )
     assert r.returncode == 1
     assert re.fullmatch(r"Error: pool 'nosuchpool' does not exist \(valid: .*\)", r.stderr.strip())
-    assert set(env_pool.squeue()) == before
+    assert not set(env_pool.squeue()) - before  # nothing submitted (earlier jobs may end)
 
     state = tmp_path / "ctl"
     state.mkdir()
