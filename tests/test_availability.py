@@ -182,7 +182,7 @@ def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> No
     jobs on them were stopping. Their GPUs were shown to the policy as the node's (a
     leaving node counted the GPUs of the jobs on it), so it planned new starts there,
     found blocked and planned again, every cycle."""
-    why = "drained by an admin (Reason=Kill task failed)"
+    why = "drained by Slurm (Reason=Kill task failed)"
     nodes = (PoolNode("n1", 4, 4, False, leaving=why), PoolNode("n2", 4, 4, True))
     base: dict[str, Any] = dict(
         job_key="j", name="j", user="u", job_dir="", app="a", min_gpus=1, max_gpus=64,

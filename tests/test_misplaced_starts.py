@@ -77,7 +77,7 @@ def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> No
     there, which were then found blocked and planned again, every cycle."""
     from hpcorch.controller.availability import Fate, planned_nodes
 
-    why = "drained by an admin (Reason=Kill task failed)"
+    why = "drained by Slurm (Reason=Kill task failed)"
     nodes = (PoolNode("n1", 4, 4, False, leaving=why), PoolNode("n2", 4, 4, True))
     records = [
         rec(5, "stopping", gpus=4, nodes=1, node_list="n1", node_gpus="4"),
@@ -89,7 +89,7 @@ def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> No
 
 
 def test_a_start_planned_on_a_node_taken_out_of_service_says_so() -> None:
-    why = "drained by an admin (Reason=Kill task failed)"
+    why = "drained by Slurm (Reason=Kill task failed)"
     nodes = (PoolNode("n1", 4, 0, False, leaving=why), PoolNode("n2", 4, 0, True))
     records = [rec(7, "starting", target_gpus=4, target_placement=json.dumps({0: 4}))]
     (said,) = blocked_starts(records, nodes).values()

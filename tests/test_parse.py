@@ -194,6 +194,7 @@ def test_a_node_being_emptied_says_why_a_failed_one_does_not() -> None:
                 {"name": "n3", "state": "down", "state_flags": ["DRAIN", "REBOOT_ISSUED"]},
                 {"name": "n4", "state": "mixed", "state_flags": []},
                 {"name": "n5", "state": ["IDLE", "DRAIN"], "reason": "x\x1b[2Jy"},
+                {"name": "n6", "state": ["MIXED", "DRAIN"], "reason": "Duplicate jobid"},
             ]
         }
     )  # fmt: skip
@@ -202,6 +203,7 @@ def test_a_node_being_emptied_says_why_a_failed_one_does_not() -> None:
     assert why["n2"] == "a reboot is pending (Reason=kernel)"
     assert why["n3"] == "" and why["n4"] == ""
     assert why["n5"] == "drained by an admin (Reason=x?[2Jy)"  # no terminal escapes
+    assert why["n6"] == "drained by Slurm (Reason=Duplicate jobid)"  # its own reasons
     assert not any(n.usable for n in nodes if n.name != "n4")
 
 

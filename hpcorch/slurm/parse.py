@@ -131,6 +131,25 @@ class SlurmJob:
         return self.gpus_per_job or self.gpus_per_node * self.node_count
 
 
+SLURM_DRAIN_REASONS = (
+    "Kill task failed",
+    "Duplicate jobid",
+    "Prolog error",
+    "Epilog error",
+    "Prolog/Epilog failure",
+    "Job env setup error",
+    "batch job complete failure",
+    "Low RealMemory",
+    "Low TmpDisk",
+    "Low socket*core*thread count",
+    "Low CPUs",
+    "Node unexpectedly rebooted",
+    "gres/",
+)
+"""How the reasons begin that Slurm's daemons give the nodes they drain themselves (the
+rest are an admin's)."""
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     """One node as sinfo reports it."""
@@ -150,9 +169,9 @@ class SlurmNode:
     @property
     def leaving(self) -> str:
         """Why the node is being emptied while it still runs jobs: an admin drains it
-        (``scontrol update state=drain``), or a reboot waits for it to be empty
-        (``scontrol reboot ASAP``); '' when it is not, or when it has failed (down, not
-        responding: Slurm requeues its jobs itself)."""
+        (``scontrol update state=drain``), or Slurm does (``SLURM_DRAIN_REASONS``), or a
+        reboot waits for it to be empty (``scontrol reboot ASAP``); '' when it is not, or
+        when it has failed (down, not responding: Slurm requeues its jobs itself)."""
         states = set(self.states)
         if states & {"DOWN", "NOT_RESPONDING", "POWERED_DOWN", "FUTURE"}:
             return ""
@@ -161,7 +180,8 @@ class SlurmNode:
         if states & {"REBOOT_REQUESTED", "REBOOT_ISSUED"}:
             return f"a reboot is pending{why}"
         if states & {"DRAIN", "DRAINING", "DRAINED", "FAILING"}:
-            return f"drained by an admin{why}"
+            by = "Slurm" if self.reason.startswith(SLURM_DRAIN_REASONS) else "an admin"
+            return f"drained by {by}{why}"
         return ""
 
     @property
