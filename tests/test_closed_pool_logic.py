@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hpcorch.cluster import ForeignJob, Observation, PoolNode
+from hpcorch.controller.ends import NODE_REFUSED_WAIT_S
 from hpcorch.controller.guard import PoolGuard
 from hpcorch.controller.logs import disk_full
 from hpcorch.controller.loop import Controller
@@ -104,7 +105,11 @@ def test_a_node_that_comes_back_costs_no_retry(tmp_path: Path) -> None:
         rec = ctl.store.job(1)
         assert rec is not None and rec.failures == 0, rec.reason
         assert rec.phase in ("queued", "starting", "running"), rec.reason
-        c.t += 10
+        # planned again only once the returning node's slurmd can have let the launch go
+        c.t += NODE_REFUSED_WAIT_S - 5
+        ctl.cycle()
+        assert ctl.store.job(1).phase == "queued"  # type: ignore[union-attr]
+        c.t += 6
         ctl.cycle()
         ctl.cycle()
     rec = ctl.store.job(1)

@@ -227,12 +227,19 @@ def back_off(rec: JobRecord, now: float, s: Settings, out: Outcome, what: str) -
     queue_again(rec, now, out, "requeue_hold", why, delay)
 
 
+NODE_REFUSED_WAIT_S = 15.0
+"""The least wait before a job whose restart a returning node refused is planned again."""
+
+
 def node_refused(rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome) -> None:
     """A launch Slurm made on its own after a node failure ended before it trained: the
     returning node refused it ("Job credential revoked"), not the job's doing. Never a try of
-    the job: back in the queue after a short back-off, planned afresh."""
+    the job: back in the queue after a short back-off, planned afresh. The back-off is at
+    least ``NODE_REFUSED_WAIT_S``: the returning node's slurmd may still hold that launch,
+    and a relaunch there before it lets go is refused as a "Duplicate jobid" that drains
+    the node."""
     rec.slurm_launch = 0
-    delay = s.start_backoff_s
+    delay = max(s.start_backoff_s, NODE_REFUSED_WAIT_S)
     why = (
         f"Slurm's restart after a node failure ended at once ({job.state.lower()}, exit code "
         f"{job.exit_code}) before training: not counted as a try, planned again in "
