@@ -152,11 +152,12 @@ class _Consensus:
     def without(self, voter: str) -> tuple[np.ndarray, np.ndarray]:
         """The others' curve: per batch, the median of every voter's value but ``voter``'s
         (a batch only ``voter`` measured is left out)."""
-        vals, drop = self.values, []
-        for i, x in self.mine.get(voter, ()):
+        mine = self.mine.get(voter)
+        if not mine:
+            return self.batches, self.values
+        vals, drop = self.values.copy(), []
+        for i, x in mine:
             ranked = self.ranked[i]
-            if vals is self.values:
-                vals = vals.copy()
             if len(ranked) > 1:
                 vals[i] = _median_without(ranked, bisect.bisect_left(ranked, x))
             else:

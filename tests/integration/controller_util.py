@@ -139,13 +139,11 @@ def wait_for_phase(ctl: ControllerProc, job: int, phase: str, timeout: float) ->
     """Wait for the controller to record ``job`` in ``phase``; when it does not, the failure's
     first line (all a CI summary keeps) says where the job stands, in the controller's record
     and in Slurm, and the lines after it give the record, Slurm's view and the log's tail."""
-    deadline = time.time() + timeout
-    while ctl.phase(job) != phase:
-        if time.time() > deadline:
-            break
-        time.sleep(0.5)
-    else:
+    try:
+        wait_for(f"job {job} {phase}", lambda: ctl.phase(job) == phase, timeout)
         return
+    except AssertionError:
+        pass
     rec = ctl.record(job)
     where = f"{rec.phase}: {rec.reason} (since {rec.phase_since:.0f})" if rec else "none"
     shown = ctl.pool.run("scontrol", "-o", "show", "job", str(job), check=False).stdout.strip()
