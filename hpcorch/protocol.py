@@ -94,6 +94,12 @@ DEFAULT_MAX_RELAUNCHES = 3
 """The cap on such relaunches when the user sets none (as submitit's default)."""
 BUDGET_FILE = "time-used"
 """In a standalone job's directory: 'RELAUNCHES SECONDS' used so far (the wrapper's)."""
+ENV_TASK_START_TIMEOUT = "HPCORCH_TASK_START_TIMEOUT"
+"""Seconds srun may wait for its step's tasks to start before the launch is stopped as no
+result (exit 79; the job wrapper's default 300, 0: no limit)."""
+TASK_STARTED_FILE = "task-started"
+"""In the job directory: the number of the launch whose rank 0 started (the wrapper's task
+shim writes it as the task starts)."""
 
 # --- the sidecar: a training script that does not use the runtime ----------------------
 ENV_MODE = "HPCORCH_MODE"

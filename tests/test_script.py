@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -175,6 +176,8 @@ def test_shape_that_cannot_be_even_is_an_error() -> None:
 FAKE_SRUN = """#!/bin/sh
 # rank 0 says it started, as the wrapper's task shim does (not when FAKE_NO_TASK is set)
 [ -n "$FAKE_NO_TASK" ] || echo "$HPCORCH_LAUNCH" > "$HPCORCH_JOB_DIR/task-started"
+# a step Slurm accepted and never started: srun waits (until it is stopped)
+[ -n "$FAKE_WAIT" ] && exec sleep "$FAKE_WAIT"
 if [ -n "$FAKE_BEAT" ]; then
   printf '{"time": %s, "step": 3, "state": "%s"}' "$(date +%s)" "$FAKE_BEAT" \\
     > "$HPCORCH_JOB_DIR/heartbeat"
@@ -242,3 +245,37 @@ def test_wrapper_counts_srun_exit_0_without_a_task_as_no_result(tmp_path: Path) 
     assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
     assert "no task of launch 1 started" in run.stderr
     assert "training finished" not in run.stderr
+
+
+def test_wrapper_stops_srun_whose_tasks_never_start(tmp_path: Path) -> None:
+    """srun waiting for a step Slurm never starts would hold the job's GPUs for ever: past
+    HPCORCH_TASK_START_TIMEOUT it is stopped and the launch is no result (79), for the
+    controller to start the job again."""
+    began = time.monotonic()
+    run = _wrapper_under_fake_srun(
+        tmp_path, FAKE_NO_TASK="1", FAKE_WAIT="120", HPCORCH_TASK_START_TIMEOUT="2"
+    )
+    took = time.monotonic() - began
+    assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
+    assert "no task of launch 1 started within 2 s" in run.stderr
+    assert "srun stopped (exit code 143) after waiting 2 s for its step: not a result" in run.stderr
+    assert took < 60, took
+
+
+def test_wrapper_leaves_a_launch_whose_task_started(tmp_path: Path) -> None:
+    """The timeout is for a task to start, not for training: a run longer than it whose
+    task started is left to finish."""
+    run = _wrapper_under_fake_srun(tmp_path, FAKE_WAIT="3", HPCORCH_TASK_START_TIMEOUT="1")
+    assert run.returncode == 0, run.stderr
+    assert "stopping srun" not in run.stderr
+    assert "training finished" in run.stderr
+    assert not (tmp_path / "job" / "task-start-timeout").exists()
+
+
+@pytest.mark.parametrize("value", ["5m", "-1", "1e3", "9999999", "3; touch x"])
+def test_wrapper_refuses_a_bad_task_start_timeout(tmp_path: Path, value: str) -> None:
+    run = _wrapper_under_fake_srun(tmp_path, HPCORCH_TASK_START_TIMEOUT=value)
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert lines[-1].startswith("hpcorch-run[7]: HPCORCH_TASK_START_TIMEOUT must be a whole"), lines
+    assert not (tmp_path / "x").exists()

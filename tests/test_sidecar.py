@@ -14,7 +14,7 @@ import pytest
 
 from hpcorch.policy.split import split_schedule
 from hpcorch.policy.types import JobView, Plan, Snapshot, validate_plan
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH
+from hpcorch.protocol import EXIT_CONFIG, EXIT_LAUNCH_LOST, EXIT_RELAUNCH
 from hpcorch.sidecar.config import (
     Progress,
     ProgressTracker,
@@ -435,7 +435,6 @@ FAKE_SRUN = """#!/bin/bash
 def test_sidecar_never_reports_success_after_a_node_failure(tmp_path: Path, lose: bool) -> None:
     """The sidecar job's no-false-success check: the script exits 0, but srun reported a
     node failure: exit 79 (EXIT_LAUNCH_LOST), no 'training finished', no requeue."""
-    from hpcorch.protocol import EXIT_LAUNCH_LOST
 
     srun = tmp_path / "srun"
     srun.write_text(FAKE_SRUN)
@@ -496,3 +495,58 @@ def test_a_progress_bar_that_rewrites_its_line_is_read_as_it_moves(tmp_path: Pat
     assert b"300/300 [" in err  # passed through as it was written
     steps = [e for e in _events(tmp_path) if e["event"] == "steps"]
     assert len(steps) >= 3 and steps[-1]["step"] == 300, steps
+
+
+def _sidecar_under_launcher(
+    tmp_path: Path, launcher: list[str], timeout: str
+) -> subprocess.CompletedProcess[str]:
+    """The sidecar as the wrapper execs it (HPCORCH_TASK_START_TIMEOUT set), with
+    ``launcher`` standing in for srun and its task shim; a script that exits 0 at once."""
+    script = tmp_path / "s.py"
+    script.write_text("print('step 1/1', flush=True)\n")
+    (tmp_path / "job").mkdir(exist_ok=True)
+    (tmp_path / "job" / "task-started").write_text("0\n")  # an earlier launch's mark
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCORCH_"))} | {
+        "HPCORCH_JOB_DIR": str(tmp_path / "job"),
+        "HPCORCH_LAUNCH": "1",
+        "HPCORCH_PROGRESS_REGEX": r"step (\d+)/(\d+)",
+        "HPCORCH_PYTHON": sys.executable,
+        "HPCORCH_TASK_START_TIMEOUT": timeout,
+    }
+    cmd = [sys.executable, "-m", "hpcorch.sidecar", str(len(launcher)), *launcher]
+    return subprocess.run(
+        [*cmd, sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=90
+    )  # fmt: skip
+
+
+def test_sidecar_stops_srun_whose_tasks_never_start(tmp_path: Path) -> None:
+    """A step Slurm never starts leaves srun waiting: past the timeout it is stopped and
+    the launch is no result (79), as in the wrapper's runtime path."""
+    began = time.monotonic()
+    run = _sidecar_under_launcher(tmp_path, ["sh", "-c", "exec sleep 120", "srun"], "2")
+    assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
+    assert "no task of launch 2 started within 2 s (HPCORCH_TASK_START_TIMEOUT)" in run.stderr
+    assert "after waiting 2 s for its step: not a result" in run.stderr
+    assert time.monotonic() - began < 60
+
+
+@pytest.mark.parametrize(("writes", "want"), [(True, 0), (False, EXIT_LAUNCH_LOST)])
+def test_sidecar_counts_exit_0_as_done_only_when_a_task_started(
+    tmp_path: Path, writes: bool, want: int
+) -> None:
+    """srun can exit 0 without running a task: no result unless this launch's rank 0 said
+    it started (the wrapper's shim writes the launch's number; an earlier one is cleared)."""
+    shim = 'echo "$HPCORCH_LAUNCH" > "$HPCORCH_JOB_DIR/task-started"; ' if writes else ""
+    launcher = ["sh", "-c", shim + 'exec "$@"', "srun"]
+    run = _sidecar_under_launcher(tmp_path, launcher, "0")
+    assert run.returncode == want, run.stderr
+    assert ("training finished" in run.stderr) == writes, run.stderr
+    if not writes:
+        assert "srun exited 0, but no task of launch 2 started: not a result" in run.stderr
+
+
+def test_sidecar_refuses_a_bad_task_start_timeout(tmp_path: Path) -> None:
+    run = _sidecar_under_launcher(tmp_path, ["env"], "5 min")
+    assert run.returncode == EXIT_CONFIG, run.stderr
+    assert "HPCORCH_TASK_START_TIMEOUT must be a whole number of seconds" in run.stderr
+    assert "Traceback" not in run.stderr

@@ -38,6 +38,7 @@ from hpcorch.protocol import (
     ENV_LAUNCH,
     ENV_PER_GPU_BATCH,
     ENV_PLAN,
+    ENV_TASK_START_TIMEOUT,
     EXIT_CONFIG,
     EXIT_DONE,
     EXIT_LAUNCH_LOST,
@@ -61,6 +62,7 @@ from hpcorch.sidecar.config import (
 )
 from hpcorch.sidecar.lost import lost_reason, read_launch_record
 from hpcorch.sidecar.requeue import relaunch
+from hpcorch.sidecar.started import TaskStart, TaskStartError, task_start_timeout
 from hpcorch.sidecar.stop import ScriptStop
 from hpcorch.sidecar.watch import ScriptWatch
 
@@ -77,7 +79,13 @@ def log(msg: str, level: int = logging.INFO) -> None:
 
 
 class Sidecar:
-    def __init__(self, cfg: SidecarConfig, launcher: Sequence[str], cmd: Sequence[str]) -> None:
+    def __init__(
+        self,
+        cfg: SidecarConfig,
+        launcher: Sequence[str],
+        cmd: Sequence[str],
+        task_start_s: float | None = None,
+    ) -> None:
         self.cfg = cfg
         self.started = time.time()
         self.launcher = list(launcher)
@@ -108,6 +116,8 @@ class Sidecar:
         self.stop = ScriptStop(cfg, self.env, self.job_id, log)
         self.watch = ScriptWatch(cfg, self.metrics)
         self.prior = self._read_state()
+        # under the wrapper (task_start_s set): a step that never starts is no result
+        self.task_start = TaskStart(cfg.job_dir, self.launch, task_start_s)
         # the script uses the runtime (found at this or an earlier launch): relay only
         self.managed = bool(self.prior.get("managed"))
         self.resumed_reported = False
@@ -208,6 +218,7 @@ class Sidecar:
             self._checkpoint_seen(ckpt)
         how = f"resuming from {ckpt.path.name}" if ckpt and resuming else "fresh start"
         log(f"launch {self.launch + 1}: {shlex.join(command)} ({how})")
+        self.task_start.clear(time.time())
         proc = subprocess.Popen(
             [*self.launcher, *command],
             env=self.env,
@@ -231,6 +242,7 @@ class Sidecar:
                 self.stop.stop_requeued(proc)
             elif self.stop.grace_over(now, self.managed):
                 self.stop.kill(proc)
+            self._watch_task_start(proc, now)
             self._poll_runtime()
             self._poll_plan()
             self.watch.poll_progress_file()
@@ -245,6 +257,18 @@ class Sidecar:
         self._drain_progress()
         self._scan_checkpoints()
         return self._finish(proc.returncode)
+
+    def _watch_task_start(self, proc: subprocess.Popen[bytes], now: float) -> None:
+        due = self.task_start.due(now)
+        if due == "stop":
+            log(
+                f"no task of launch {self.launch + 1} started within "
+                f"{self.task_start.timeout_s:.0f} s ({ENV_TASK_START_TIMEOUT}): stopping srun",
+                logging.WARNING,
+            )
+            proc.terminate()
+        elif due == "kill":
+            proc.kill()
 
     def _drain_progress(self) -> None:
         for when, p in self.watch.taken():
@@ -292,6 +316,10 @@ class Sidecar:
             self._checkpoint_seen(ckpt)
 
     def _finish(self, rc: int) -> int:
+        no_task = self.task_start.no_result(rc)
+        if no_task is not None:
+            log(f"{no_task}: not a result")
+            return EXIT_LAUNCH_LOST
         requeue = (self.cfg.job_dir / REQUEUE_REQUEST_FILE).exists()
         stopping = self.stop.started is not None and not self.managed
         if stopping or requeue or rc in (EXIT_DONE, EXIT_RELAUNCH):
@@ -360,10 +388,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(launcher) != n or not cmd:
             raise ValueError("no command")
         cfg = config_from_env(os.environ, Path.cwd())
-    except SidecarError as exc:
+        task_start_s = task_start_timeout(os.environ)
+    except (SidecarError, TaskStartError) as exc:
         log(str(exc), logging.ERROR)
         return EXIT_CONFIG
     except (IndexError, ValueError):
         log("usage: python -m hpcorch.sidecar N LAUNCHER-ARGS[N] COMMAND [ARGS...]", logging.ERROR)
         return 2
-    return Sidecar(cfg, launcher, cmd).run()
+    return Sidecar(cfg, launcher, cmd, task_start_s).run()
