@@ -260,3 +260,20 @@ def test_a_difference_from_before_an_outage_counts_afresh_once_slurm_answers() -
     assert guard.view_mismatches == 0
     guard.gpu_view(freed, [job], 171.0)  # still differs 11 s later: counted
     assert guard.view_mismatches == 1
+
+
+def test_a_new_difference_on_a_node_is_not_the_old_one_lasting() -> None:
+    """Cycles 30 s apart (a slow slurmctld) each catching another launch or end between
+    Slurm's two reads on one busy node are no mismatch: what must last the grace is one
+    difference (the GPUs in use less those held), not any difference on the node."""
+    guard = PoolGuard(lambda m: None)
+    job = JobRecord(
+        7, "k", "a", "alice", "/d", "", 1, 4, 32, 32, 32, 0.0, "running", 0.0,
+        gpus=4, nodes=1, node_list="n2", node_gpus="4",
+    )  # fmt: skip
+    for t, used in ((100.0, 6), (130.0, 2), (160.0, 5), (190.0, 3)):  # held: 4
+        guard.gpu_view([PoolNode("n2", 8, used, True)], [job], t)
+    assert guard.view_mismatches == 0
+    for t in (220.0, 250.0):  # 2 GPUs in use that no job of the controller holds: lasting
+        guard.gpu_view([PoolNode("n2", 8, 6, True)], [job], t)
+    assert guard.view_mismatches == 1
