@@ -34,7 +34,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from hpcorch.controller import loop as loop_mod  # noqa: E402
+from hpcorch.controller.execute import Executor  # noqa: E402
 from hpcorch.controller.loop import Controller, LoopConfig  # noqa: E402
+from hpcorch.controller.rounds import Rounds  # noqa: E402
 from hpcorch.controller.store import Store  # noqa: E402
 from hpcorch.policy import make_policy  # noqa: E402
 from hpcorch.slurm import backend as backend_mod  # noqa: E402
@@ -117,7 +119,6 @@ def run(env: dict[str, str], work: Path, args: argparse.Namespace) -> None:
         "-m",
         "hpcorch",
         "submit",
-        str(script),
         "--pool",
         RES,
         "--min-gpus",
@@ -127,6 +128,7 @@ def run(env: dict[str, str], work: Path, args: argparse.Namespace) -> None:
         "--mode",
         "managed",  # predictable jobs: the policy plans every one
         "--dry-run",
+        str(script),  # hpcorch's options go before the script
     )
     t0 = time.perf_counter()
     for _ in range(args.jobs):
@@ -140,13 +142,10 @@ def run(env: dict[str, str], work: Path, args: argparse.Namespace) -> None:
     timer.wrap(cluster.backend, "run", "Slurm commands")
     timer.wrap(cluster.backend, "_json", "commands+JSON")
     timer.wrap(backend_mod, "parse_squeue", "parse jobs")
-    for name, label in (
-        ("_adopt_new", "adopt new jobs"),
-        ("_read_metrics", "metrics"),
-        ("_schedule", "schedule (snapshot+policy)"),
-        ("_execute", "actions"),
-    ):
+    for name, label in (("_adopt_new", "adopt new jobs"), ("_read_metrics", "metrics")):
         timer.wrap(Controller, name, label)
+    timer.wrap(Rounds, "schedule", "schedule (snapshot+policy)")
+    timer.wrap(Executor, "execute", "actions")
     timer.wrap(loop_mod.reconcile, "observe", "state machines")
     store = Store(work / "state.db")
     for name in ("put_job", "jobs", "job", "add_decision", "finish_decision", "add_cycle"):
