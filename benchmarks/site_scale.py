@@ -9,9 +9,12 @@ The workload: ``--jobs`` jobs drawn (seeded) from the bundled Pollux workloads (
 Philly-derived arrival times, applications, GPU counts and batch sizes; the eight
 ``load-1.0`` and eight ``load-0.5`` ones, 1920 jobs made for 64 GPUs), each job doing
 ``--time-scale`` of its measured work, arrivals compressed by ``--arrival-scale``
-(default: the time scale; a smaller one loads the pool harder). Each application's jobs
-belong to a few of the ``--users`` Unix users (a team trains one model family), who
-submit them through hpcorch's Python API as they arrive; the jobs are
+(default: the time scale; a smaller one loads the pool harder). The compute side (the
+slurmd daemons and so every job they start) runs at ``--compute-nice`` (19): at a site those
+are other machines, and the login node's slurmctld, controller and users do not wait
+behind them for a CPU (0: all share the CPUs alike, as runs before this option did).
+Each application's jobs belong to a few of the ``--users`` Unix users (a team trains one
+model family), who submit them through hpcorch's Python API as they arrive; the jobs are
 benchmarks/light_job.py, the featherweight emulated job, at their profile's speed.
 
 It brings up its own pool (slurm/pool; its SlurmUser is the controller's user
@@ -183,6 +186,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     say(f"{len(jobs)} jobs over {jobs[-1].time:.0f} s; pool up ({shape})")
     env = sp.pool_up(pool_dir, args.nodes, args.gpus_per_node, args.cpus_per_node,
                      args.port_base, args.slurm)  # fmt: skip
+    if args.compute_nice:
+        reniced = sp.nice_compute_side(pool_dir, args.compute_nice)
+        say(f"{reniced} slurmd (and the jobs they start) at nice {args.compute_nice}")
     version = subprocess.run(["sinfo", "-V"], env=env, capture_output=True, text=True).stdout
     wheel = ""
     if args.backend == "pyslurm":
@@ -313,6 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "jobs": len(jobs),
         "users": len(s.users),
         "time_scale": args.time_scale,
+        "compute_nice": args.compute_nice,
         "arrival_scale": args.arrival_scale,
         "arrivals_s": round(span, 1),
         "policy": args.policy,
@@ -436,6 +443,14 @@ def main() -> None:
                    help="a launch's start-up, for the policy's restart cost")  # fmt: skip
     p.add_argument("--slurm", default="22.05")
     p.add_argument("--backend", choices=("commands", "pyslurm"), default="commands")
+    p.add_argument(
+        "--compute-nice",
+        type=int,
+        default=19,
+        choices=range(20),
+        metavar="0-19",
+        help="nice of the slurmd daemons and so of the jobs (0: as the rest)",
+    )
     p.add_argument("--stall", type=lambda v: [float(x) for x in v.split(",") if x], default=[])
     p.add_argument("--slow", type=lambda v: [float(x) for x in v.split(",") if x], default=[])
     p.add_argument("--incidents-at", type=lambda v: [float(x) for x in v.split(",")],
