@@ -6,6 +6,7 @@ path of the state machine is driven quickly and deterministically.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -638,3 +639,94 @@ def test_a_view_too_old_to_act_on_still_holds_the_jobs_planned_back_to_the_queue
     assert done[0] == (11, "done") and c.jobs[1].job.held
     assert done[1][1].startswith("deferred: the pool's view is too old")
     assert c.state(2) == "PENDING" and ("start", 2) not in c.log
+
+
+@dataclass
+class SlowCluster(FakeCluster):
+    """Each start and requeue takes a while, as a Slurm command does: how many run at once
+    is counted, and one job's start can find Slurm not answering."""
+
+    busy: int = 0
+    most: int = 0
+    unreachable: set[int] = field(default_factory=set)
+    flushed: list[bool] = field(default_factory=list)
+
+    def _call(self, what: str, slurm_id: int) -> None:
+        with LOCK:
+            self.busy += 1
+            self.most = max(self.most, self.busy)
+        time.sleep(0.05)
+        with LOCK:
+            self.busy -= 1
+        if slurm_id in self.unreachable:
+            raise SlurmUnavailable("Slurm is not reachable (scontrol: Socket timed out)")
+
+    def start(self, slurm_id: int, shape: Shape) -> None:
+        self._call("start", slurm_id)
+        super().start(slurm_id, shape)
+
+    def requeue_hold(self, slurm_id: int) -> None:
+        self._call("requeue_hold", slurm_id)
+        super().requeue_hold(slurm_id)
+
+    def flush(self, send: bool = True) -> dict[int, str]:
+        self.flushed.append(send)
+        return {}
+
+
+LOCK = threading.Lock()
+
+
+def _queued(i: int) -> JobRecord:
+    return JobRecord(
+        slurm_id=i, job_key=f"j{i}", name=f"j{i}", user="alice", job_dir="/j", app="",
+        min_gpus=1, max_gpus=4, batch=64, max_batch=64, max_micro=64, submit_time=0.0,
+        phase="queued", phase_since=0.0,
+    )  # fmt: skip
+
+
+def _act_on(c: SlowCluster, parallel: int, max_starts: int = 64) -> list[tuple[int, str]]:
+    cfg = replace(CFG, parallel_actions=parallel, max_starts_per_cycle=max_starts)
+    ex = Executor(c, cfg, warn=lambda m: None)
+    recs = {i: _queued(i) for i in range(1, 9)}
+    intents = [(recs[1], Action("requeue_hold", 1, reason="it ended"), 100)]
+    intents += [
+        (recs[i], Action("start", i, Shape(1, 1, (f"n{1 + i % 2}",)), "start"), 100 + i)
+        for i in range(1, 9)
+    ]
+    done, _ = act(ex, cfg, intents, c.t, t0=time.perf_counter())
+    return done
+
+
+def test_actions_of_different_jobs_are_carried_out_at_once_each_jobs_in_order() -> None:
+    """A cycle's starts are Slurm calls that slurmctld answers from several threads: with
+    ``parallel_actions`` 4, up to 4 jobs' actions run at once, with the same outcome as one
+    after the other; a job's own actions (a requeue, then its start) stay in order, and
+    the start limit counts in the cycle's order."""
+    outcomes = []
+    for parallel in (1, 4):
+        c = SlowCluster(nodes=2, gpus_per_node=8)
+        for i in range(1, 9):
+            c.add(i, 1, 4)
+        done = _act_on(c, parallel, max_starts=6)
+        outcomes.append(done)
+        assert c.most == 1 if parallel == 1 else 1 < c.most <= 4
+        assert c.log.index(("requeue_hold", 1)) < c.log.index(("start", 1))
+        assert sorted(j for kind, j in c.log if kind == "start") == [1, 2, 3, 4, 5, 6]
+    assert outcomes[0] == outcomes[1]
+    assert [s for _, s in outcomes[1]] == ["done"] * 7 + ["deferred"] * 2
+
+
+def test_slurm_not_answering_one_action_stops_the_rest_and_the_releases() -> None:
+    """One job's start finding Slurm unreachable while others run: the jobs whose actions
+    had not begun are not sent, the releases are not sent (flush without send), and every
+    start is asked for again (unknown)."""
+    c = SlowCluster(nodes=2, gpus_per_node=8, unreachable={2})
+    for i in range(1, 9):
+        c.add(i, 1, 4)
+    done = _act_on(c, 2)
+    statuses = dict(done)
+    assert statuses[102].startswith("unknown: Slurm did not answer")
+    assert any(s == "not sent: Slurm did not answer" for s in statuses.values())
+    assert c.flushed == [False]
+    assert all(not s.startswith("done") for d, s in done if d > 100)

@@ -20,6 +20,7 @@ from hpcorch import logsetup
 from hpcorch.cli import params
 from hpcorch.cli.config import config_option
 from hpcorch.cluster import ENDED_STATES
+from hpcorch.controller.config import PARALLEL_ACTIONS
 from hpcorch.controller.lease import DEFAULT_TTL_S, Lease, LeaseLost
 from hpcorch.controller.loop import Controller, LoopConfig
 from hpcorch.controller.query_server import QueryServer
@@ -292,6 +293,9 @@ def controller(
             round_s=round_s,
             restart_cost_s=restart_cost,
             mix_types=mix_gpu_types,
+            # each command a process of its own, answered by slurmctld's threads; pyslurm's
+            # library calls are made one at a time
+            parallel_actions=1 if backend_name(cluster.backend) == "pyslurm" else PARALLEL_ACTIONS,
             settings=Settings(
                 grace_s=grace,
                 max_retries=max_retries,

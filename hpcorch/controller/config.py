@@ -6,6 +6,9 @@ from dataclasses import dataclass, field
 
 from hpcorch.controller.reconcile import Settings
 
+PARALLEL_ACTIONS = 8
+"""Actions at once for a controller on Slurm's commands (each a process of its own)."""
+
 
 @dataclass(frozen=True)
 class LoopConfig:
@@ -33,6 +36,11 @@ class LoopConfig:
     most this old: with a slurmctld that answers slowly, the rest wait for the next cycle,
     planned again from a fresh observation."""
     max_starts_per_cycle: int = 64
+    parallel_actions: int = 1
+    """Actions of different jobs carried out at once (each job's in order): a cycle's 64
+    starts are 64 Slurm calls, which slurmctld answers from several threads. 1: one after
+    the other (the simulator's cluster); the controller on Slurm's commands runs
+    :data:`PARALLEL_ACTIONS`."""
     max_holds_per_cycle: int = 8
     """User holds turned into the controller's own per cycle (each is one Slurm call): 500
     jobs submitted at once are all held by the controller within 63 cycles, a cycle's Slurm

@@ -3,8 +3,10 @@ start does to the job (back to the queue, GPUs released, retried after a back-of
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from hpcorch.cluster import Cluster, Shape
 from hpcorch.controller.actions import Action
@@ -120,41 +122,48 @@ def act(
     now: float,
     t0: float,
 ) -> tuple[list[tuple[int, str]], SlurmUnavailable | None]:
-    """Carry out the cycle's actions in order: the decisions' statuses, and Slurm not
-    answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
+    """Carry out the cycle's actions, each job's in order: the decisions' statuses, and
+    Slurm not answering if it stopped them. Past ``max_starts_per_cycle`` starts, once the
     observation is older than ``stale_after_s``, or once Slurm does not answer, the
     rest are not carried out (but holds): each job's record says what it waits for, and the next
     cycle redoes it from what Slurm shows then (as after a restart). The starts' releases
-    and the holds are sent together at the end (``Cluster.flush``)."""
+    and the holds are sent together at the end (``Cluster.flush``). With
+    ``parallel_actions`` above 1 the actions of up to that many jobs are carried out at
+    once (a job's own in order, each job's record touched by one thread only)."""
+    limit = config.max_starts_per_cycle
     starts = 0
-    done: list[tuple[int, str]] = []
-    unanswered: SlurmUnavailable | None = None
-    sent: dict[int, tuple[int, JobRecord, Action]] = {}
-    """Starts and holds carried out, by job: where their status is in ``done``."""
-    for rec, action, decision_id in intents:
-        why = ""
-        if unanswered is not None:
-            why = "not sent: Slurm did not answer"
-        elif action.kind == "start":
+    over: set[int] = set()
+    for i, (_, action, _) in enumerate(intents):
+        if action.kind == "start":
             starts += 1
-            if starts > config.max_starts_per_cycle:
-                why = "deferred"
-        if not why and action.kind != "hold" and time.perf_counter() - t0 > config.stale_after_s:
-            # a hold is safe on any view (a job it finds running is held by nothing): left
-            # for the next cycle, a job planned back to the queue could start meanwhile
-            why = "deferred: the pool's view is too old, planned again"
-        if why:
-            done.append((decision_id, why))
-            not_carried_out(rec, action, now)
-            continue
-        try:
-            done.append((decision_id, executor.execute(rec, action)))
-            if action.kind in ("start", "hold") and done[-1][1] == "done":
-                sent[rec.slurm_id] = (len(done) - 1, rec, action)
-        except SlurmUnavailable as exc:
-            unanswered = exc
-            done.append((decision_id, f"unknown: Slurm did not answer ({describe(exc)})"))
-            not_carried_out(rec, action, now)
+            if starts > limit:
+                over.add(i)
+    acting = _Acting(t0, config.stale_after_s)
+    statuses: list[str] = [""] * len(intents)
+
+    def carry_out(indices: Iterable[int]) -> None:
+        for i in indices:
+            rec, action, _ = intents[i]
+            statuses[i] = acting.carry_out(executor, rec, action, i in over, now)
+
+    by_job: dict[int, list[int]] = {}
+    for i, (rec, _, _) in enumerate(intents):
+        by_job.setdefault(rec.slurm_id, []).append(i)
+    workers = min(max(1, config.parallel_actions), len(by_job))
+    if workers <= 1:
+        carry_out(range(len(intents)))
+    else:
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="act") as pool:
+            for _ in pool.map(carry_out, by_job.values()):
+                pass
+    done = [(decision_id, statuses[i]) for i, (_, _, decision_id) in enumerate(intents)]
+    unanswered = acting.unanswered
+    sent: dict[int, tuple[int, JobRecord, Action]] = {
+        rec.slurm_id: (i, rec, action)
+        for i, (rec, action, _) in enumerate(intents)
+        if action.kind in ("start", "hold") and statuses[i] == "done"
+    }
+    """Starts and holds carried out, by job: where their status is in ``done``."""
     try:
         refused = executor.cluster.flush(send=unanswered is None)
     except SlurmUnavailable as exc:
@@ -166,6 +175,42 @@ def act(
         elif rec.slurm_id in refused:
             done[i] = (done[i][0], executor.refused(rec, action, refused[rec.slurm_id]))
     return done, unanswered
+
+
+class _Acting:
+    """What the cycle's actions share while they are carried out: the time the view was
+    taken, and Slurm not answering (the first such error)."""
+
+    def __init__(self, t0: float, stale_after_s: float) -> None:
+        self.t0 = t0
+        self.stale_after_s = stale_after_s
+        self.unanswered: SlurmUnavailable | None = None
+        self._lock = threading.Lock()
+
+    def carry_out(
+        self, executor: Executor, rec: JobRecord, action: Action, over_limit: bool, now: float
+    ) -> str:
+        """One action's status: carried out, or why not."""
+        why = ""
+        if self.unanswered is not None:
+            why = "not sent: Slurm did not answer"
+        elif over_limit:
+            why = "deferred"
+        if not why and action.kind != "hold" and time.perf_counter() - self.t0 > self.stale_after_s:
+            # a hold is safe on any view (a job it finds running is held by nothing): left
+            # for the next cycle, a job planned back to the queue could start meanwhile
+            why = "deferred: the pool's view is too old, planned again"
+        if why:
+            not_carried_out(rec, action, now)
+            return why
+        try:
+            return executor.execute(rec, action)
+        except SlurmUnavailable as exc:
+            with self._lock:
+                if self.unanswered is None:
+                    self.unanswered = exc
+            not_carried_out(rec, action, now)
+            return f"unknown: Slurm did not answer ({describe(exc)})"
 
 
 def not_carried_out(rec: JobRecord, action: Action, now: float) -> None:

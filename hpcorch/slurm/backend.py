@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
@@ -201,6 +202,7 @@ class SlurmCLI:
         self.env = dict(os.environ if env is None else env)
         self.calls = 0
         """Slurm commands run by this backend (for metrics and tests)."""
+        self._count = threading.Lock()  # commands may run from several threads at once
         self.clock = CallClock()
         """How long those commands took."""
         self._nodes_argv = ["sinfo", "--json"]
@@ -217,7 +219,8 @@ class SlurmCLI:
         if exe is None:
             raise SlurmUnavailable(f"{argv[0]} not found: is Slurm installed and on PATH?")
         check_slurm_conf(self.env)
-        self.calls += 1
+        with self._count:
+            self.calls += 1
         t0 = time.monotonic()
         try:
             proc = subprocess.run(
