@@ -40,20 +40,23 @@ def planned_waits(
 ) -> list[tuple[float, int]]:
     """(seconds, job) for each launch the controller released: how long it stayed pending
     in Slurm, to the first time it was seen running after the release (``running``), else
-    to the controller's next decision on the job (a launch held again and planned afresh)."""
+    to the controller's next decision on the job (a launch held again and planned afresh).
+    A launch seen running after its decision but before the decision was stored (the end
+    of a cycle whose many Slurm calls took seconds: a short job can start and end
+    meanwhile) waited 0 s, not until the next decision."""
     waits = []
     for jid in {int(d["slurm_id"]) for d in decisions}:
         mine = sorted(
-            (float(d["done_at"] or d["time"]), str(d["action"]))
+            (float(d["done_at"] or d["time"]), str(d["action"]), float(d["time"]))
             for d in decisions
             if int(d["slurm_id"]) == jid and d["status"] == "done"
         )
         seen = sorted(running.get(jid, []))
-        for k, (t, action) in enumerate(mine):
+        for k, (t, action, decided) in enumerate(mine):
             if action != "start":
                 continue
             nxt = mine[k + 1][0] if k + 1 < len(mine) else end
-            ran = next((r for r in seen if r >= t - 1.0), None)
+            ran = next((r for r in seen if r >= min(t, decided) - 1.0), None)
             waits.append((max(0.0, (min(ran, nxt) if ran is not None else nxt) - t), jid))
     return waits
 
