@@ -621,15 +621,7 @@ def test_a_view_too_old_to_act_on_still_holds_the_jobs_planned_back_to_the_queue
     c.add(1, 1, 4, held=False)
     c.add(2, 1, 4)
     ex = Executor(c, CFG, warn=lambda m: None)
-
-    def record(i: int) -> JobRecord:
-        return JobRecord(
-            slurm_id=i, job_key=f"j{i}", name=f"j{i}", user="alice", job_dir="/j", app="",
-            min_gpus=1, max_gpus=4, batch=64, max_batch=64, max_micro=64, submit_time=0.0,
-            phase="queued", phase_since=0.0,
-        )  # fmt: skip
-
-    recs = [record(1), record(2)]
+    recs = [_queued(1), _queued(2)]
     intents = [
         (recs[0], Action("hold", 1, reason="planned again"), 11),
         (recs[1], Action("start", 2, Shape(1, 4, ("n1",)), "start at 4 GPUs"), 12),
