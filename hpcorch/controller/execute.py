@@ -146,13 +146,13 @@ def act(
             rec, action, _ = intents[i]
             statuses[i] = acting.carry_out(executor, rec, action, i in over, now)
 
-    by_job: dict[int, list[int]] = {}
-    for i, (rec, _, _) in enumerate(intents):
-        by_job.setdefault(rec.slurm_id, []).append(i)
-    workers = min(max(1, config.parallel_actions), len(by_job))
-    if workers <= 1:
+    if config.parallel_actions <= 1 or len(intents) <= 1:
         carry_out(range(len(intents)))
     else:
+        by_job: dict[int, list[int]] = {}
+        for i, (rec, _, _) in enumerate(intents):
+            by_job.setdefault(rec.slurm_id, []).append(i)
+        workers = min(config.parallel_actions, len(by_job))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="act") as pool:
             for _ in pool.map(carry_out, by_job.values()):
                 pass
