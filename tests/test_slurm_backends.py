@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import sys
 import time
 import types
@@ -29,6 +30,7 @@ from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import make_backend
 from hpcorch.slurm.parse import SlurmJob, SlurmNode
 from hpcorch.slurm.pyslurm_backend import PySlurmBackend, submit_options
+from tests.squeue_text import signatures
 
 GOLDEN = Path(__file__).parent / "golden" / "batch_script.sbatch"
 
@@ -668,6 +670,8 @@ def test_pyslurm_submit(pyslurm_module: types.ModuleType) -> None:
     assert backend.submit(GOLDEN.read_text()) == 99
     ((what, kw),) = pyslurm_module.log  # type: ignore[attr-defined]
     assert what == "submit" and kw["name"] == "train" and kw["signal"] == "B:SIGUSR2@120"
+    # the environment as sbatch exports it, never left to pyslurm's read of the C environ
+    assert kw["environment"] == dict(os.environ)
 
 
 class LeaseCLI(RecordingCLI):
@@ -719,5 +723,7 @@ def test_lease_jobs_outside_the_reservation_count_only_for_the_pool_they_name() 
     }
     cli = SlurmCLI()
     cli._json = lambda argv: doc  # type: ignore[method-assign]
+    cli.run = lambda argv, *a, **k: signatures(doc)  # type: ignore[method-assign]
+    cli.uid = 990
     cluster = SlurmCluster("pool", backend=cli)
     assert [j.slurm_id for j in cluster.lease_jobs()] == [1, 2]

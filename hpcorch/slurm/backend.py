@@ -27,6 +27,7 @@ from hpcorch.slurm.assoc_mgr import (
     parse_assoc_mgr,
     parse_partitions,
 )
+from hpcorch.slurm.cli_errors import check_slurm_conf, first_error_line, unreachable
 from hpcorch.slurm.clock import CallClock
 from hpcorch.slurm.options import without_sbatch_env
 from hpcorch.slurm.parse import (
@@ -41,6 +42,7 @@ from hpcorch.slurm.parse import (
     parse_sshare,
 )
 from hpcorch.slurm.shape_args import shape_args
+from hpcorch.slurm.squeue_cache import MAX_AGE_S, SIGNATURE_ARGV, JobCache
 from hpcorch.slurm.version import SlurmBehaviour, SlurmVersion, parse_version
 
 RESERVATION_DURATION = "3650-00:00:00"
@@ -177,23 +179,6 @@ def tolerate(action: Callable[[int], None], slurm_id: int, ok: Sequence[str]) ->
             raise
 
 
-def check_slurm_conf(env: Mapping[str, str]) -> None:
-    """A SLURM_CONF that names no readable file: Slurm's commands would wait up to a minute
-    and then blame slurmctld; say what is wrong instead."""
-    conf = env.get("SLURM_CONF")
-    if conf is None:
-        return
-    if not conf.strip():
-        raise SlurmUnavailable("SLURM_CONF is set but empty: unset it or name slurm.conf")
-    try:
-        with open(conf, "rb") as fh:
-            fh.read(1)
-    except OSError as exc:
-        raise SlurmUnavailable(
-            f"SLURM_CONF={conf!r} cannot be read ({exc.strerror}): name this cluster's slurm.conf"
-        ) from None
-
-
 class SlurmCLI:
     """Slurm through its command-line tools (works with 22.05 through 25.11)."""
 
@@ -208,6 +193,11 @@ class SlurmCLI:
         self._nodes_argv = ["sinfo", "--json"]
         self._typed = True
         """A launch's GPU request names its type (see ``SlurmBehaviour.retypes_gpus``)."""
+        self._caches: dict[str, JobCache] = {}
+        self.job_cache_age_s = MAX_AGE_S
+        """Every job's JSON read again at least this often (``JobCache``)."""
+        self.uid = os.geteuid()
+        """Whose jobs outside the reservation may be lease jobs: this process's user."""
 
     # --- plumbing -----------------------------------------------------------------------
     def run(
@@ -249,11 +239,11 @@ class SlurmCLI:
             self.clock.took(time.monotonic() - t0)
         if proc.returncode != 0:
             msg = (
-                _first_error_line(proc.stderr)
-                or _first_error_line(proc.stdout)
+                first_error_line(proc.stderr)
+                or first_error_line(proc.stdout)
                 or f"exit code {proc.returncode}"
             )
-            if _unreachable(proc.stderr):
+            if unreachable(proc.stderr):
                 raise SlurmUnavailable(f"Slurm is not reachable ({argv[0]}: {msg})")
             raise SlurmCommandError(f"{argv[0]} failed: {msg}")
         return proc.stdout
@@ -297,11 +287,33 @@ class SlurmCLI:
         self._typed = behaviour.retypes_gpus
 
     def jobs(self, reservation: str | None = None) -> list[SlurmJob]:
-        """Every job slurmctld knows, or only ``reservation``'s (22.05 ignores squeue's
-        filters with --json: the others are dropped before they are parsed). From 24.05
-        on, ``squeue --json`` lists only pending and running jobs unless asked for every
-        state: a job that has just ended is in the answer only with ``--states=all``."""
-        return parse_squeue(self._json(["squeue", "--json", "--states=all"]), reservation)
+        """Every job slurmctld knows, or only ``reservation``'s and this user's lease jobs
+        (read through ``JobCache``: a text signature of every job each time, the JSON of
+        those that changed). From 24.05 on, ``squeue --json`` lists only pending and
+        running jobs unless asked for every state: a job that has just ended is in the
+        answer only with ``--states=all``."""
+        if reservation is None:
+            return parse_squeue(self._squeue_json(None))
+        cache = self._caches.get(reservation)
+        if cache is None:
+            cache = self._caches[reservation] = JobCache(
+                reservation,
+                self._squeue_json,
+                lambda: self.run(SIGNATURE_ARGV),
+                self.uid,
+                self.job_cache_age_s,
+            )
+        return cache.jobs()
+
+    def _squeue_json(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
+        """``squeue --json`` of these jobs (22.05 ignores the filter: every job), or all."""
+        ids = [f"--jobs={','.join(str(j) for j in job_ids)}"] if job_ids else []
+        return self._json(["squeue", "--json", "--states=all", *ids])
+
+    def _forget(self, job_ids: Sequence[int]) -> None:
+        """Jobs this backend acted on: read afresh at the next ``jobs``."""
+        for cache in list(self._caches.values()):
+            cache.forget(job_ids)
 
     def nodes(self) -> list[SlurmNode]:
         doc = self._json(self._nodes_argv)
@@ -412,7 +424,10 @@ class SlurmCLI:
             argv.append(f"--signal={signal}")
         if batch_only:
             argv.append("--batch")
-        self.run([*argv, str(job_id)])
+        try:
+            self.run([*argv, str(job_id)])
+        finally:
+            self._forget([job_id])
 
     def set_shape(
         self,
@@ -488,10 +503,18 @@ class SlurmCLI:
         self.scontrol("update", f"ReservationName={name}", f"EndTime={end}")
 
     def scontrol(self, *args: str) -> str:
-        """Any scontrol command (arguments as a list, never through a shell)."""
-        return self.run(["scontrol", *args])
+        """Any scontrol command (arguments as a list, never through a shell). A job it
+        updates, holds, releases or requeues is read afresh at the next ``jobs``."""
+        try:
+            return self.run(["scontrol", *args])
+        finally:
+            if len(args) >= 2 and args[0] in JOB_VERBS:
+                target = args[1].removeprefix("jobid=") if args[0] == "update" else args[1]
+                self._forget([int(j) for j in target.split(",") if j.isdigit()])
 
 
+JOB_VERBS = frozenset({"update", "hold", "release", "requeuehold", "requeue", "uhold"})
+"""scontrol verbs that change a job (their second argument names it)."""
 MIXED_GRES = "with and without type identification"
 """What slurmctld says of a GPU request updated from untyped to typed (or back) at once."""
 
@@ -500,25 +523,3 @@ def expand_nodelist(nodelist: str) -> list[str]:
     """``gpu-a[001-002],rack[1-2]-n01`` -> every node name (``hpcorch.hostlist.expand``);
     raises ``HostlistError`` (a ValueError) for a list Slurm would not print."""
     return hostlist.expand(nodelist)
-
-
-def _first_error_line(stderr: str) -> str:
-    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
-    for ln in lines:
-        if "error" in ln.lower() or "fatal" in ln.lower():
-            return ln
-    return lines[0] if lines else ""
-
-
-def _unreachable(stderr: str) -> bool:
-    text = stderr.lower()
-    return any(
-        s in text
-        for s in (
-            "unable to contact slurm controller",
-            "could not establish a configuration source",
-            "connection refused",
-            "socket timed out",
-            "unable to establish controller",
-        )
-    )

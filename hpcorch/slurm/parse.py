@@ -36,6 +36,11 @@ def _num(value: Any, default: int = 0) -> int:
     return default
 
 
+def job_id_of(raw: Mapping[str, Any]) -> int:
+    """The job id of one ``squeue --json`` job (0: none)."""
+    return _num(raw.get("job_id"))
+
+
 def _states(value: Any) -> tuple[str, ...]:
     """Job or node state(s): ``"RUNNING"``, ``"mixed"`` or ``["IDLE", "DRAIN"]``."""
     if isinstance(value, str):

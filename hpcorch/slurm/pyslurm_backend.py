@@ -22,6 +22,7 @@ script to a ``JobSubmitDescription``, are in ``hpcorch.slurm.pyslurm_map``.
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -30,7 +31,8 @@ from typing import Any, TypeVar
 from hpcorch.cluster import LEASE_NAME
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.assoc_mgr import AssocMgr, Partition
-from hpcorch.slurm.backend import SlurmCLI, _unreachable, expand_nodelist
+from hpcorch.slurm.backend import SlurmCLI, expand_nodelist
+from hpcorch.slurm.cli_errors import unreachable
 from hpcorch.slurm.clock import CallClock
 from hpcorch.slurm.parse import SlurmJob, SlurmNode, SlurmReservation
 from hpcorch.slurm.pyslurm_map import (
@@ -98,7 +100,7 @@ class PySlurmBackend:
         except errors as exc:
             lines = str(exc).strip().splitlines()
             msg = lines[0] if lines else type(exc).__name__
-            if _unreachable(msg):
+            if unreachable(msg):
                 raise SlurmUnavailable(f"Slurm is not reachable (pyslurm {what}: {msg})") from exc
             raise SlurmCommandError(f"pyslurm {what} failed: {msg}") from exc
         finally:
@@ -177,7 +179,12 @@ class PySlurmBackend:
 
     # --- actions ------------------------------------------------------------------------
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
-        desc = self.pyslurm.JobSubmitDescription(**submit_options(script, args))
+        options = submit_options(script, args)
+        # sbatch's default (--export=ALL) spelled out: pyslurm's own "ALL" merges the C
+        # environ, which came out empty under Debian's /usr/bin/python3 (slurmctld: "batch
+        # job cannot run without an environment"; the site-scale run's lease job)
+        options.setdefault("environment", dict(os.environ))
+        desc = self.pyslurm.JobSubmitDescription(**options)
         return int(self._rpc("submit", desc.submit))
 
     def _job(self, job_id: int) -> Any:
