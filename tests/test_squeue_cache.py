@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from hpcorch.errors import SlurmCommandError
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.squeue_cache import MAX_IDS, JobCache, parse_signatures
 from tests.squeue_text import signature_line
@@ -183,6 +184,28 @@ def test_a_job_new_since_the_text_is_answered_once_and_read_again() -> None:
     cache._signatures = slurm.text
     slurm.now = 1.0
     assert ids(cache) == [1, 2] and slurm.fetches == [None, [2]]
+
+
+def test_a_job_gone_before_its_json_read_makes_a_full_read() -> None:
+    """``squeue --json -j 2`` asks slurmctld for job 2 alone and fails once it is purged."""
+    slurm = FakeSlurm([job(1), job(2)])
+    cache = slurm.cache()
+    cache.jobs()
+    slurm.jobs[1] = job(2, state="COMPLETED")
+    fetch = slurm.fetch
+
+    def purged(wanted: Sequence[int] | None) -> Mapping[str, Any]:
+        if wanted is not None:
+            slurm.fetches.append(sorted(wanted))
+            raise SlurmCommandError(
+                "squeue failed: slurm_load_jobs error: Invalid job id specified"
+            )
+        del slurm.jobs[1]
+        return fetch(None)
+
+    cache._fetch = purged
+    slurm.now = 1.0
+    assert ids(cache) == [1] and slurm.fetches == [None, [2], None]
 
 
 class RecordingCLI(SlurmCLI):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcorch.errors import SlurmCommandError
 from hpcorch.slurm.parse import SlurmJob, job_id_of, parse_squeue
 
 SIGNATURE = (
@@ -156,7 +157,14 @@ class JobCache:
             )
         extra: list[SlurmJob] = []
         if full or stale:
-            doc = self._fetch(None if full else stale)
+            try:
+                doc = self._fetch(None if full else stale)
+            except SlurmCommandError:
+                if full:
+                    raise
+                # squeue asked for one job asks slurmctld for that one, and fails when it has
+                # gone since the text ("Invalid job id specified"): ask for every job instead
+                doc, full = self._fetch(None), True
             raw = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
             answered = {job_id_of(j) for j in raw}
             mine = {j.job_id: j for j in parse_squeue(doc, self.reservation)}
