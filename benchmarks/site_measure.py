@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.site_pool import cpu_seconds
+from hpcorch.slurm.squeue_cache import SIGNATURE_ARGV
 
 _RPC = re.compile(
     r"^\s+(\S+)\s+\(\s*(\d+)\)\s+count:(\d+)\s+ave_time:(\d+)\s+total_time:(\d+)", re.M
@@ -260,16 +261,18 @@ def rpc_phases(
 
 def formula_check(cycles: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The bound on a cycle's Slurm calls, checked on every cycle: at most
-    ``BASE`` + 3 x its actions (BASE: the two observation calls, the reservation and the
-    fair shares read once a minute, the lease renewed every quarter of its time to live,
-    the one call that looks for jobs gone from the pool, and the limits (partitions and
+    ``BASE`` + 3 x its actions (BASE: the three observation calls (the jobs' text
+    signature, the JSON of those that changed, the nodes), the reservation and the fair
+    shares read once a minute, the lease renewed every quarter of its time to live (its
+    jobs read as the pool's are: text, and JSON when they changed, and the write), the one
+    call that looks for jobs gone from the pool, and the limits (partitions and
     associations) read once a minute and when a job joins the pool)."""
-    base = 2 + 2 + 1 + 1 + 2
+    base = 3 + 2 + 3 + 1 + 2
     worst = max((int(c["slurm_calls"]) - 3 * int(c["actions"]) for c in cycles), default=0)
     over = [c for c in cycles if int(c["slurm_calls"]) > base + 3 * int(c["actions"])]
     steady = [int(c["slurm_calls"]) for c in cycles if int(c["actions"]) == 0]
     return {
-        "formula": "calls per cycle <= 8 + 3 x actions (RPCs = calls x rpcs_per_call)",
+        "formula": f"calls per cycle <= {base} + 3 x actions (RPCs = calls x rpcs_per_call)",
         "cycles": len(cycles),
         "cycles_over": len(over),
         "max_calls_minus_3_actions": worst,
@@ -283,6 +286,7 @@ def lines_about(log: str, words: Sequence[str]) -> list[str]:
 
 CALIBRATED = {
     "squeue --json --states=all": ["squeue", "--json", "--states=all"],
+    "squeue (text signature)": SIGNATURE_ARGV,
     "sinfo --json": ["sinfo", "--json"],
     "scontrol show nodes --json": ["scontrol", "show", "nodes", "--json"],
     "scontrol -o show reservation": ["scontrol", "-o", "show", "reservation"],
