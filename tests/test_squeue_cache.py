@@ -142,6 +142,33 @@ def test_an_answer_with_every_job_refreshes_every_job() -> None:
     assert slurm.fetches == [None, [2]]  # 25 s since that read, not 45
 
 
+def test_a_lease_job_is_read_every_time_on_its_own() -> None:
+    """Another controller takes the lease by writing the lease job's comment, which no
+    signature shows: the lease job's JSON is read every time, one job a call (one job's
+    RPC and JSON on every release)."""
+    slurm = FakeSlurm([job(1), job(2, comment="hpcorch-lease:owner=a"), job(3)])
+    cache = JobCache(
+        "pool", slurm.fetch, slurm.text, ME, clock=lambda: slurm.now,
+        volatile=lambda j: j.comment.startswith("hpcorch-lease:"),
+    )  # fmt: skip
+    cache.jobs()
+    slurm.jobs[1] = job(2, comment="hpcorch-lease:owner=b")
+    slurm.jobs[2] = job(3, state="COMPLETED")
+    slurm.now = 1.0
+    jobs = {j.job_id: j for j in cache.jobs()}
+    assert jobs[2].comment == "hpcorch-lease:owner=b"
+    assert slurm.fetches == [None, [3], [2]]
+
+
+def test_the_backend_reads_its_lease_job_every_time() -> None:
+    lease = job(5, comment="hpcorch-lease:owner=h:1,token=ab,seq=1,beat=0")
+    cli = RecordingCLI(FakeSlurm([job(4), lease]))
+    cli.jobs("pool")
+    cli.argv.clear()
+    cli.jobs("pool")
+    assert [a[-1] for a in cli.argv if "--json" in a] == ["--jobs=5"]
+
+
 def test_a_forgotten_job_is_read_again() -> None:
     slurm = FakeSlurm([job(1), job(2)])
     cache = slurm.cache()

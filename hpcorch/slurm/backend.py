@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from hpcorch import hostlist
+from hpcorch.cluster import LEASE_NAME, LEASE_TAG
 from hpcorch.errors import SlurmCommandError, SlurmUnavailable
 from hpcorch.slurm.assoc_mgr import (
     AssocMgr,
@@ -302,6 +303,7 @@ class SlurmCLI:
                 lambda: self.run(SIGNATURE_ARGV),
                 self.uid,
                 self.job_cache_age_s,
+                volatile=_lease_like,
             )
         return cache.jobs()
 
@@ -511,6 +513,11 @@ class SlurmCLI:
             if len(args) >= 2 and args[0] in JOB_VERBS:
                 target = args[1].removeprefix("jobid=") if args[0] == "update" else args[1]
                 self._forget([int(j) for j in target.split(",") if j.isdigit()])
+
+
+def _lease_like(job: SlurmJob) -> bool:
+    """A lease job (hpcorch/slurm/lease_jobs.py): read afresh every time."""
+    return job.name == LEASE_NAME or job.comment.startswith(LEASE_TAG)
 
 
 JOB_VERBS = frozenset({"update", "hold", "release", "requeuehold", "requeue", "uhold"})

@@ -126,10 +126,14 @@ class JobCache:
         uid: int,
         max_age_s: float = MAX_AGE_S,
         clock: Callable[[], float] = time.monotonic,
+        volatile: Callable[[SlurmJob], bool] = lambda job: False,
     ) -> None:
         self.reservation = reservation
         self._fetch, self._signatures = fetch, signatures
         self.uid, self.max_age_s, self.clock = uid, max_age_s, clock
+        self.volatile = volatile
+        """Jobs read as JSON every time, one call each (the pool's lease jobs: another
+        controller takes the lease by writing their comment, which no signature shows)."""
         self._entries: dict[int, _Entry] = {}
         self._full_at = -1e18
         self._lock = threading.Lock()
@@ -155,33 +159,54 @@ class JobCache:
             full = (
                 not sigs.complete or now - self._full_at >= self.max_age_s or len(stale) > MAX_IDS
             )
-        extra: list[SlurmJob] = []
+            volatile = [
+                j
+                for j, e in self._entries.items()
+                if j in sigs.lines and j not in stale and e.job is not None and self.volatile(e.job)
+            ]
+        extra: dict[int, SlurmJob] = {}
+        read: set[int] = set()
         if full or stale:
-            try:
-                doc = self._fetch(None if full else stale)
-            except SlurmCommandError:
-                if full:
-                    raise
-                # squeue asked for one job asks slurmctld for that one, and fails when it has
-                # gone since the text ("Invalid job id specified"): ask for every job instead
-                doc, full = self._fetch(None), True
-            raw = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
-            answered = {job_id_of(j) for j in raw}
-            mine = {j.job_id: j for j in parse_squeue(doc, self.reservation)}
-            # every job it follows read afresh (also 22.05's answer to a few ids: all jobs)
-            everything = full or answered >= set(sigs.lines)
-            with self._lock:
-                if everything:
-                    self._full_at = now
-                    self._entries.clear()
-                self.full_reads += everything
-                self.partial_reads += not everything
-                self.jobs_read += len(raw)
-                for j in answered & set(sigs.lines):
-                    self._entries[j] = _Entry(sigs.lines[j], mine.get(j))
-            # the pool's jobs new since the text: this once, read again with their line
-            extra = [job for j, job in mine.items() if j not in sigs.lines]
+            read = self._read(None if full else stale, sigs, now, extra)
+        for j in volatile:
+            if j not in read:  # one job: one job's RPC and JSON on every release
+                read |= self._read([j], sigs, now, extra)
         with self._lock:
             self._entries = {j: e for j, e in self._entries.items() if j in sigs.lines}
-            jobs = [e.job for e in self._entries.values() if e.job is not None]
-        return sorted(jobs + extra, key=lambda j: j.job_id)
+            jobs = {j: e.job for j, e in self._entries.items() if e.job is not None}
+        return sorted({**jobs, **extra}.values(), key=lambda j: j.job_id)
+
+    def _read(
+        self,
+        wanted: Sequence[int] | None,
+        sigs: Signatures,
+        now: float,
+        extra: dict[int, SlurmJob],
+    ) -> set[int]:
+        """``squeue --json`` of ``wanted`` (None: every job) into the cache; the ids read.
+        The pool's jobs new since the text go to ``extra``: answered this once, read again
+        with their line."""
+        try:
+            doc = self._fetch(wanted)
+        except SlurmCommandError:
+            if wanted is None:
+                raise
+            # squeue asked for one job asks slurmctld for that one, and fails when it has
+            # gone since the text ("Invalid job id specified"): ask for every job instead
+            doc, wanted = self._fetch(None), None
+        raw = [j for j in doc.get("jobs", []) if isinstance(j, Mapping)]
+        answered = {job_id_of(j) for j in raw}
+        mine = {j.job_id: j for j in parse_squeue(doc, self.reservation)}
+        # every job it follows read afresh (also 22.05's answer to a few ids: all jobs)
+        everything = wanted is None or answered >= set(sigs.lines)
+        with self._lock:
+            if everything:
+                self._full_at = now
+                self._entries.clear()
+            self.full_reads += everything
+            self.partial_reads += not everything
+            self.jobs_read += len(raw)
+            for j in answered & set(sigs.lines):
+                self._entries[j] = _Entry(sigs.lines[j], mine.get(j))
+        extra.update((j, job) for j, job in mine.items() if j not in sigs.lines)
+        return answered

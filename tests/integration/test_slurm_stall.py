@@ -6,7 +6,7 @@ the jobs arrive, start, resize and end.
 
 The controller keeps its state and loses no job (every one completes); launches none twice
 (no launch it did not start, none it had to take back); backs off without a storm (every
-cycle's Slurm calls stay within 10 + 3 x its actions, and while slurmctld does not answer
+cycle's Slurm calls stay within 13 + 3 x its actions, and while slurmctld does not answer
 it only pings it); and says each outage twice, when it begins and when Slurm answers
 again, never a line per failed cycle. The GPUs Slurm shows in use stay those the
 controller counts (the view is checked every cycle). On Slurm 22.05 the stop also makes
