@@ -31,6 +31,7 @@ from hpcorch.errors import HpcorchError
 from hpcorch.paths import STATE_DB, controller_dir
 from hpcorch.policy import POLICIES, make_policy
 from hpcorch.policy.pooling import AcrossOwners
+from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.cluster import SlurmCluster
 from hpcorch.slurm.factory import backend_name
 from hpcorch.slurm.files import Spool
@@ -286,6 +287,10 @@ def controller(
             directory,
             spool_root,
         )
+        if isinstance(cluster.backend, SlurmCLI):
+            # every job's JSON read afresh once a round: a pin (`hpcorch resize`, a comment
+            # change no signature shows) is seen by the next round
+            cluster.backend.job_cache_age_s = round_s
         config = LoopConfig(
             interval_s=interval,
             fast_interval_s=fast_interval,
