@@ -268,3 +268,20 @@ def test_the_backend_reads_a_job_it_acted_on_afresh() -> None:
     cli.jobs("pool")
     assert len(cli.argv) == 1  # text alone
     assert [j.job_id for j in cli.jobs()] == [11, 12, 13]  # every job: the JSON, uncached
+
+
+def test_the_age_set_after_the_first_read_applies() -> None:
+    """The controller reads the pool's jobs at start-up (its state check) and only then
+    sets the age to its round: the cache made by that first read follows it."""
+    clock = [0.0]
+    cache_slurm = FakeSlurm([job(1)])
+    cli = RecordingCLI(cache_slurm)
+    cli.jobs("pool")
+    cli._caches["pool"].clock = lambda: clock[0]
+    cli.job_cache_age_s = 5.0
+    clock[0] = 1e9  # (the first read's clock was monotonic time)
+    cli.jobs("pool")
+    cli.argv.clear()
+    clock[0] += 6.0
+    cli.jobs("pool")
+    assert any("--json" in a for a in cli.argv)  # every job read again after 5 s, not 60

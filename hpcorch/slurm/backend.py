@@ -302,9 +302,9 @@ class SlurmCLI:
                 self._squeue_json,
                 lambda: self.run(SIGNATURE_ARGV),
                 self.uid,
-                self.job_cache_age_s,
                 volatile=_lease_like,
             )
+        cache.max_age_s = self.job_cache_age_s  # (set after the first read: the controller's round)
         return cache.jobs()
 
     def _squeue_json(self, job_ids: Sequence[int] | None) -> dict[str, Any]:
