@@ -9,16 +9,15 @@ from typing import Any
 from hpcorch.slurm.squeue_cache import SEP, SIGNATURE
 
 
-def signature_line(job: Mapping[str, Any], **fields: str) -> str:
-    """One job's line: id, reservation and uid from its JSON, the rest from ``fields``
-    (by SIGNATURE name; a fixed placeholder otherwise)."""
+def signature_line(job: Mapping[str, Any]) -> str:
+    """One job's line: id, reservation, uid and state from its JSON, a fixed placeholder in
+    every other field."""
     values = {
         "JobID": str(job.get("job_id", "")),
         "Reservation": str(job.get("resv_name") or "(null)"),
         "UserId": str(job.get("user_id", "")),
         "State": str(job.get("job_state", "PENDING")),
     }
-    values.update(fields)
     return "".join(values.get(f, "x") + SEP for f in SIGNATURE)
 
 
