@@ -38,6 +38,11 @@ class TwoGpus:
         return Plan(tuple(JobPlan(j.job_id, 2, {0: 2}, b, b // 2, 1) for j in snapshot.jobs))
 
 
+def is_read(argv: list[str]) -> bool:
+    """A Slurm command that only reads (the queue, the nodes, a reservation, limits)."""
+    return argv[0] in ("squeue", "sinfo") or (len(argv) > 1 and argv[1] in ("show", "list"))
+
+
 def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_path: Path) -> None:
     res = f"t-rebatch-{os.getpid()}"
     spool = Path(env_pool.env["HPCORCH_SPOOL"])  # where the wrapper looks for plans
@@ -73,10 +78,20 @@ def test_a_running_job_changes_its_batch_without_a_restart(env_pool: Pool, tmp_p
 
         cycle_until("the job training at 64", lambda: steps_at(64) >= 3, 240)
         policy.batch = 128
-        calls = cluster.calls
+        ran: list[list[str]] = []
+        run = cluster.backend.run
+
+        def recorded(argv: list[str], *args: object, **kwargs: object) -> str:
+            ran.append(list(argv))
+            return run(argv, *args, **kwargs)  # type: ignore[arg-type]
+
+        cluster.backend.run = recorded  # type: ignore[method-assign]
         written = time.time()
         ctl.cycle()
-        assert cluster.calls - calls == 2  # the observation only: no Slurm call to rebatch
+        cluster.backend.run = run  # type: ignore[method-assign]
+        # the observation only (the queue as text, changed jobs' JSON, the nodes): no Slurm
+        # call to rebatch
+        assert ran and all(is_read(argv) for argv in ran), ran
         assert [d.action for d in ctl.store.decisions(job)][-1] == "rebatch"
         cycle_until("the job done", lambda: ctl.store.job(job).phase == "done", 300)  # type: ignore[union-attr]
 
