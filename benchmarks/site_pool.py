@@ -114,6 +114,7 @@ def pool_up(
     held (and stand by)."""
     pool_down(pool_dir)
     shutil.rmtree(pool_dir / "state", ignore_errors=True)
+    ensure_user(CONTROLLER, system=True)  # (slurmctld runs as it: made before, on a new machine)
     env = {**os.environ, "HPCORCH_POOL_DIR": str(pool_dir)}
     argv = [str(POOL), "up", "--nodes", str(nodes), "--gpus-per-node", str(gpus)]
     argv += ["--cpus-per-node", str(cpus), "--port-base", str(port), "--slurm", slurm]
