@@ -15,5 +15,10 @@ class SlurmCommandError(HpcorchError):
     """A Slurm command ran and failed."""
 
 
+class SlurmTimeout(SlurmCommandError):
+    """A Slurm command did not finish in time while slurmctld answers a ping: it kept
+    waiting (a slurmctld answering slowly, or a command that retries by itself)."""
+
+
 class SubmitError(HpcorchError):
     """A job cannot be submitted as requested."""

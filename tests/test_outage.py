@@ -18,7 +18,7 @@ from hpcorch.cluster import Observation, Shape
 from hpcorch.controller.loop import Controller
 from hpcorch.controller.service import serve
 from hpcorch.controller.store import Store
-from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.errors import SlurmCommandError, SlurmTimeout, SlurmUnavailable
 from hpcorch.policy.share import SharePolicy
 from hpcorch.slurm.backend import SlurmCLI
 from tests.test_controller_logic import CFG, FakeCluster
@@ -224,7 +224,6 @@ def test_a_command_that_outlasts_its_timeout_is_slurm_down_only_if_ping_says_so(
     """scancel retries a job in a transition ("Job can not be altered now, try again
     later") for up to 95 s: seen on the real pool after slurmctld came back. Such a
     command failed; slurmctld, which answers a ping, is not down."""
-    from hpcorch.errors import SlurmCommandError
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -235,9 +234,41 @@ def test_a_command_that_outlasts_its_timeout_is_slurm_down_only_if_ping_says_so(
     for f in bin_dir.iterdir():
         f.chmod(0o755)
     cli = SlurmCLI(timeout=1.0, env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
-    want = SlurmCommandError if up else SlurmUnavailable
+    want = SlurmTimeout if up else SlurmUnavailable
     with pytest.raises(want, match="scancel did not"):
         cli.cancel(7, signal="USR2", batch_only=True)
+
+
+def test_a_cycle_whose_command_kept_waiting_is_a_slow_spell_not_a_failure(
+    tmp_path: Path,
+) -> None:
+    """A slurmctld that runs a moment in every ten seconds answers a ping, yet a cycle's
+    squeue may wait past its timeout (CI's stall test, under six lanes at once): said once
+    as slowness, retried every interval (no doubling back-off), and its end said."""
+    c = Stalling()
+    c.add(1, 1, 8)
+    ctl, lines = make(tmp_path, c)
+    plain = c.observe
+    t0 = c.t
+    sleeps: list[float] = []
+
+    def observe() -> Observation:
+        if 20 <= c.t - t0 < 80:
+            raise SlurmTimeout("squeue did not finish within 30 s (slurmctld answers: ...)")
+        c.longest = 0.1
+        return plain()
+
+    def sleep(s: float) -> None:
+        sleeps.append(s)
+        c.t += max(s, 0.01)
+
+    c.observe = observe  # type: ignore[method-assign]
+    serve(ctl, lambda: c.t - t0 >= 150, sleep)
+    said = [ln for ln in lines if "Slurm answers" in ln or "cycle failed" in ln]
+    assert len(said) == 2, lines
+    assert said[0].startswith("Slurm answers slowly: squeue did not finish within 30 s")
+    assert said[1].startswith("Slurm answers promptly again after")
+    assert max(sleeps) <= 10.0  # every interval, not a doubling back-off
 
 
 @dataclass

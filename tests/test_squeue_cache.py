@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from hpcorch.errors import SlurmCommandError
+import pytest
+
+from hpcorch.errors import SlurmCommandError, SlurmTimeout
 from hpcorch.slurm.backend import SlurmCLI
 from hpcorch.slurm.squeue_cache import MAX_IDS, JobCache, parse_signatures
 from tests.squeue_text import signature_line
@@ -233,6 +235,25 @@ def test_a_job_gone_before_its_json_read_makes_a_full_read() -> None:
     cache._fetch = purged
     slurm.now = 1.0
     assert ids(cache) == [1] and slurm.fetches == [None, [2], None]
+
+
+def test_a_json_read_that_times_out_is_not_followed_by_a_full_one() -> None:
+    """A slurmctld that answers slowly: the cycle fails at once (a slow spell, said by the
+    service) rather than wait again for every job's JSON."""
+    slurm = FakeSlurm([job(1), job(2)])
+    cache = slurm.cache()
+    cache.jobs()
+    slurm.jobs[1] = job(2, state="COMPLETED")
+
+    def slow(wanted: Sequence[int] | None) -> Mapping[str, Any]:
+        slurm.fetches.append(None if wanted is None else sorted(wanted))
+        raise SlurmTimeout("squeue did not finish within 30 s (slurmctld answers)")
+
+    cache._fetch = slow
+    slurm.now = 1.0
+    with pytest.raises(SlurmTimeout):
+        cache.jobs()
+    assert slurm.fetches == [None, [2]]
 
 
 class RecordingCLI(SlurmCLI):

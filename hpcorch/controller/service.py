@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from hpcorch.controller.lease import LeaseLost
 from hpcorch.controller.logs import describe, disk_full
 from hpcorch.controller.loop import Controller
-from hpcorch.errors import SlurmUnavailable
+from hpcorch.errors import SlurmTimeout, SlurmUnavailable
 
 SLOW_CALL_S = 3.0
 """A cycle whose Slurm calls took this long each on average means Slurm answers slowly."""
@@ -40,6 +40,19 @@ def unavailable(exc: BaseException) -> bool:
         if seen is None:
             return False
         if isinstance(seen, SlurmUnavailable):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a Slurm command that kept waiting past its
+    timeout while slurmctld answered."""
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, SlurmTimeout):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -68,11 +81,12 @@ def serve(
 ) -> None:
     """Cycle until ``should_stop``: a full cycle every ``interval_s``, fast ones in between
     while a transition is in flight. While Slurm does not answer, one ping every
-    ``interval_s`` (see the module's docstring); any other failed cycle is retried after
-    a back-off that doubles up to 300 s; a full state directory is said once, and
-    retried every ``interval_s`` (nothing is done meanwhile: running jobs keep running,
-    none starts, stops or resizes). A lease taken over by another controller
-    (:class:`LeaseLost`) ends it at once: it must not act."""
+    ``interval_s`` (see the module's docstring); a cycle whose Slurm command kept waiting
+    past its timeout is a slow spell, said once and retried every ``interval_s``; any
+    other failed cycle is retried after a back-off that doubles up to 300 s; a full state
+    directory is said once, and retried every ``interval_s`` (nothing is done meanwhile:
+    running jobs keep running, none starts, stops or resizes). A lease taken over by
+    another controller (:class:`LeaseLost`) ends it at once: it must not act."""
     config = ctl.config
     backoff = config.interval_s
     last_full = -1e18
@@ -124,6 +138,20 @@ def serve(
                 else:
                     outage.looks += 1
                 sleep(every)
+                continue
+            if timed_out(exc):
+                # slurmctld answers, but a command of the cycle kept waiting past its
+                # timeout: a slow spell, said once, the cycle tried again at the next round
+                if slow is None:
+                    slow = Slowness(t0, clock() - t0)
+                    ctl.warn(
+                        f"Slurm answers slowly: {describe(exc)}; the controller acts on "
+                        f"nothing this cycle and observes again in {config.interval_s:.0f} s"
+                    )
+                else:
+                    slow.cycles += 1
+                    slow.worst_call_s = max(slow.worst_call_s, clock() - t0)
+                sleep(config.interval_s)
                 continue
             msg = describe(exc)
             if msg != failed:  # the same failure again is not said again

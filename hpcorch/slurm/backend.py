@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from hpcorch import hostlist
 from hpcorch.cluster import LEASE_NAME, LEASE_TAG
-from hpcorch.errors import SlurmCommandError, SlurmUnavailable
+from hpcorch.errors import SlurmCommandError, SlurmTimeout, SlurmUnavailable
 from hpcorch.slurm.assoc_mgr import (
     AssocMgr,
     AssocMgrError,
@@ -229,7 +229,7 @@ class SlurmCLI:
             if argv[:2] != ["scontrol", "ping"] and self._answers():
                 # slurmctld answers: the command itself waited (scancel retries a job in a
                 # transition for up to 95 s): this command failed, Slurm is not down
-                raise SlurmCommandError(
+                raise SlurmTimeout(
                     f"{argv[0]} did not finish within {self.timeout:.0f} s (slurmctld "
                     "answers: the command kept waiting)"
                 ) from exc

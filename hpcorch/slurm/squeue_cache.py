@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcorch.errors import SlurmCommandError
+from hpcorch.errors import SlurmCommandError, SlurmTimeout
 from hpcorch.slurm.parse import SlurmJob, job_id_of, parse_squeue
 
 SIGNATURE = (
@@ -188,6 +188,8 @@ class JobCache:
         with their line."""
         try:
             doc = self._fetch(wanted)
+        except SlurmTimeout:
+            raise  # (slurmctld answers slowly: a read of every job would wait longer)
         except SlurmCommandError:
             if wanted is None:
                 raise
