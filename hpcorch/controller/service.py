@@ -33,29 +33,27 @@ SLOW_ONE_CALL_S = 4.0
 """... as does a cycle with one call this long (below ``SLOW_CALL_S``: prompt again)."""
 
 
-def unavailable(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) says slurmctld did not answer."""
+def caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``exc``, or what caused it (up to five links back), is a ``kind``."""
     seen: BaseException | None = exc
     for _ in range(5):
         if seen is None:
             return False
-        if isinstance(seen, SlurmUnavailable):
+        if isinstance(seen, kind):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says slurmctld did not answer."""
+    return caused_by(exc, SlurmUnavailable)
 
 
 def timed_out(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) is a Slurm command that kept waiting past its
     timeout while slurmctld answered."""
-    seen: BaseException | None = exc
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, SlurmTimeout):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return caused_by(exc, SlurmTimeout)
 
 
 @dataclass
