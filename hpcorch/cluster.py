@@ -41,6 +41,10 @@ class PoolNode:
     """CPUs allocated to jobs on the node."""
     gpus_foreign: int = 0
     """GPUs held by jobs the controller did not place (never planned as free)."""
+    gpus_residue: int = 0
+    """Of ``gpus_foreign``, those in use that no job Slurm lists accounts for: as a rule a
+    passing difference between Slurm's two reads (a job of the pool started or ended
+    between them, a node completing a job), else a job outside the reservation."""
     cpus_foreign: int = 0
     """CPUs held by jobs the controller did not place."""
     gpu_type: str = ""

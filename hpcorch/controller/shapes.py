@@ -47,9 +47,16 @@ def start_claims(
 def blocked_starts(records: Sequence[JobRecord], nodes: Sequence[PoolNode]) -> dict[int, str]:
     """Starting jobs whose planned GPUs running jobs hold (Slurm placed one of them
     otherwise than planned, or it ran on there longer): {job id: why}. Waiting cannot
-    free those GPUs; the job is to be planned afresh."""
+    free those GPUs; the job is to be planned afresh. GPUs in use that no job Slurm lists
+    accounts for (``PoolNode.gpus_residue``) block no start: as a rule they are the start
+    itself, or a job ending, caught between Slurm's two reads (when slurmctld answers
+    slowly, across cycles), and a start held for them would already run unplanned. A start
+    they do hold back stays pending in Slurm and is planned again past
+    ``Settings.launch_pending_s``."""
     names = tuple(n.name for n in nodes)
-    free = {n.name: max(0, n.gpus - n.gpus_foreign) if n.usable else 0 for n in nodes}
+    free = {
+        n.name: max(0, n.gpus - n.gpus_foreign + n.gpus_residue) if n.usable else 0 for n in nodes
+    }
     unusable = {n.name: n.leaving or "down" for n in nodes if not n.usable}
     holders: dict[str, list[str]] = {}
     for r in records:

@@ -292,6 +292,7 @@ class SlurmCluster:
                 foreign.append(
                     ForeignJob(0, "?", "(not in the reservation)", "RUNNING", (name,), (extra_g,))
                 )
+            taken = max(0, min(for_g + extra_g, n.gpus - own_g))
             nodes.append(
                 PoolNode(
                     name=name,
@@ -300,7 +301,8 @@ class SlurmCluster:
                     usable=n.usable,
                     cpus=n.cpus,
                     cpus_used=n.cpus_used,
-                    gpus_foreign=max(0, min(for_g + extra_g, n.gpus - own_g)),
+                    gpus_foreign=taken,
+                    gpus_residue=max(0, min(extra_g, taken)),
                     cpus_foreign=max(0, min(for_c + extra_c, n.cpus - own_c)),
                     gpu_type=n.gpu_type,
                     leaving=n.leaving,
