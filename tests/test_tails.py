@@ -86,3 +86,23 @@ def test_a_job_behind_its_share_weighs_more() -> None:
     mask = guarded(jobs, "unknown")
     assert age_factor(snap, jobs, 3600.0, 1.0, mask) == pytest.approx([2.0, 1.0, 1.0])
     assert age_factor(snap, jobs, 0.0, 1.0, mask) == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_the_controller_shows_a_job_s_run_time_over_all_its_launches() -> None:
+    """The restarts a job earns are per hour of its whole run, not of its current launch:
+    the controller showed only the current launch's seconds (``run_seconds``, reset at each
+    launch), so a job run for hours and just resized had earned nothing (the simulator's
+    own engine counted them all, and the two disagreed)."""
+    from hpcorch.controller.snapshot import job_view
+    from hpcorch.controller.store import JobRecord
+
+    rec = JobRecord(
+        slurm_id=7, job_key="j7", name="j", user="u", job_dir="", app="a", min_gpus=1,
+        max_gpus=8, batch=64, max_batch=1024, max_micro=64, submit_time=0.0, phase="running",
+        phase_since=9000.0, gpus=4, nodes=1, node_list="n1", node_gpus="4", launches=6,
+        run_seconds=60.0, run_total_s=4 * 3600.0,
+    )  # fmt: skip
+    view = job_view(rec, (), {"n1": 0}, 8)
+    assert (view.run_time, view.restarts) == (4 * 3600.0, 5)
+    # 2 free and 1 an hour: 6 earned, a sixth restart is within it
+    assert restarts_over((view,), free=2.0, per_hour=1.0)[0] == 0.0

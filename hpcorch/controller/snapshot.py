@@ -259,7 +259,7 @@ def job_view(
         grad_sqr=stats[0] if stats else None,
         grad_var=stats[1] if stats else None,
         attained_service=rec.gpu_seconds,
-        run_time=rec.run_seconds,
+        run_time=max(rec.run_total_s, rec.run_seconds),
         restarts=max(0, rec.launches - 1),
         profile=profile,
         model_bytes=rec.model_bytes,
