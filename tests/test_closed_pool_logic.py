@@ -151,6 +151,37 @@ def test_a_launch_slurm_keeps_pending_is_planned_again_with_slurms_reason(
     assert c.state(1) == "RUNNING"
 
 
+def test_a_launch_slurm_has_not_tried_yet_is_not_planned_again_as_soon(tmp_path: Path) -> None:
+    """Seen at 2,000 jobs on Slurm 22.05: relaunches pending 91 s with Slurm's reason
+    ``None`` (its scheduler, busy, had not yet looked at them) were held and planned again,
+    and Slurm started them as the hold went out: they ran unplanned and were requeued.
+    Holding a launch Slurm has not tried frees nothing: it waits ``UNTRIED_WAIT`` times as
+    long (Slurm's other reasons, as before)."""
+    from hpcorch.controller.reconcile import UNTRIED_WAIT
+
+    c = FakeCluster()
+    c.add(1, 4, 4)
+    ctl, lines = make(tmp_path, c, launch_pending_s=90)
+    real_start = c.start
+
+    def untried(slurm_id: int, shape: object) -> None:  # released; Slurm's scheduler is behind
+        c.log.append(("start", slurm_id))
+        c.set(slurm_id, held=False, reason="None")
+
+    c.start = untried  # type: ignore[method-assign]
+    ctl.cycle()
+    c.t += 100
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "starting", rec.reason
+    assert "not tried it yet" in rec.reason and ("hold", 1) not in c.log
+    c.t += 90 * UNTRIED_WAIT
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.phase == "queued" and "(None)" in rec.reason
+    c.start = real_start  # type: ignore[method-assign]
+
+
 def test_gpus_of_jobs_the_controller_did_not_place_are_never_planned(tmp_path: Path) -> None:
     c = FakeCluster()
     c.add(1, 1, 8)

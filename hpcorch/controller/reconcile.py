@@ -206,13 +206,20 @@ def _pending(
         _launch_pending(rec, job, now, s, out)
 
 
+UNTRIED_WAIT = 3
+"""A launch Slurm keeps pending without a reason (``None``: its scheduler, busy, has not
+looked at it yet) is planned again only after this many times ``launch_pending_s``: a hold
+frees nothing there, and one sent as Slurm starts it leaves the job running unplanned."""
+
+
 def _launch_pending(
     rec: JobRecord, job: ObservedJob, now: float, s: Settings, out: Outcome
 ) -> None:
     """A launch the controller released that Slurm keeps pending: Slurm's reason shown, and
     past ``launch_pending_s`` held again and planned afresh (its GPUs free for others).
     Pending for a limit (:func:`hpcorch.limits.refusal`), it is held at once: the loop has
-    learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to."""
+    learned a cap from it (hpcorch/controller/learned.py) that the next plan keeps to.
+    Without a reason, it waits ``UNTRIED_WAIT`` times as long."""
     waited = now - rec.phase_since
     slurm_reason = job.reason or "no reason given"
     if refusal(job.reason) is not None:
@@ -222,8 +229,10 @@ def _launch_pending(
         out.events.append(f"limit: {why}")
         queue_again(rec, now, out, "hold", why, s.start_backoff_s)
         return
-    if waited < s.launch_pending_s:
-        rec.reason = f"starting: Slurm keeps it pending ({slurm_reason}) for {waited:.0f} s"
+    untried = job.reason in ("", "None")  # Slurm's scheduler has not looked at it yet
+    if waited < s.launch_pending_s * (UNTRIED_WAIT if untried else 1):
+        what = "Slurm has not tried it yet" if untried else "Slurm keeps it pending"
+        rec.reason = f"starting: {what} ({slurm_reason}) for {waited:.0f} s"
         return
     why = f"Slurm kept the launch pending {waited:.0f} s ({slurm_reason}): held and planned again"
     out.events.append(f"replan: {why}")
