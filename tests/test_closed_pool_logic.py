@@ -161,7 +161,7 @@ def test_a_launch_slurm_has_not_tried_yet_is_not_planned_again_as_soon(tmp_path:
 
     c = FakeCluster()
     c.add(1, 4, 4)
-    ctl, lines = make(tmp_path, c, launch_pending_s=90)
+    ctl, _ = make(tmp_path, c, launch_pending_s=90)
     real_start = c.start
 
     def untried(slurm_id: int, shape: object) -> None:  # released; Slurm's scheduler is behind
