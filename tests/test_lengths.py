@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcorch.policy.estimate import estimate, one_gpu_time
-from hpcorch.policy.lengths import gittins_remaining
+from hpcorch.policy.lengths import gittins_remaining, gittins_weighted, survival
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample, validate_plan
 from tests.unknown_length import unknown_length_job
@@ -37,8 +37,53 @@ def test_a_job_that_outlived_the_small_ones_counts_as_one_of_the_long_ones() -> 
     past = gittins_remaining(sizes, 200.0)
     assert new < 200.0  # most jobs are small: a new one ranks as a small one
     assert past == pytest.approx(9800.0, rel=0.1)  # it is one of the long ones
-    # beyond every size seen: as long again as it has run
-    assert gittins_remaining(sizes, 50000.0) == pytest.approx(50000.0)
+    # beyond every size seen: as long again as it has run, in doublings of the largest
+    assert gittins_remaining(sizes, 50000.0) == pytest.approx(80000.0)
+
+
+def test_jobs_beyond_every_size_rank_alike_within_a_doubling() -> None:
+    """Ranked by the work it has done, the running one of two such jobs fell behind the
+    other at every round and they swapped their GPUs (three imagenet jobs at load 1.0: 43
+    GPUs preempted and started again every two minutes, 128 restarts a job)."""
+    sizes = np.sort(np.r_[np.full(90, 100.0), np.full(10, 10000.0)])
+    ahead, behind = gittins_remaining(sizes, 45000.0), gittins_remaining(sizes, 60000.0)
+    assert ahead == behind == pytest.approx(80000.0)
+    assert gittins_remaining(sizes, 81000.0) == pytest.approx(160000.0)  # the next step
+    assert gittins_remaining(sizes, 10000.0) == pytest.approx(10000.0)  # where it begins
+
+
+def test_the_sizes_count_the_jobs_still_running_as_at_least_their_work() -> None:
+    """The jobs that left first are the short ones: nine of 100 s left while one has run
+    for 1000 s and runs on. Counted as a size at least that large (Kaplan and Meier), it
+    makes a job past the short ones one of the long ones, not a job as long again as it
+    ran; without running jobs the distribution is the sizes' own."""
+    sizes = np.full(9, 100.0)
+    points, mass = survival(sizes, np.empty(0))
+    assert list(points) == [100.0] and list(mass) == pytest.approx([1.0, 0.1])  # + the tail
+    assert gittins_weighted(points, mass, 50.0) == pytest.approx(
+        gittins_remaining(sizes, 50.0), rel=0.02
+    )
+    points, mass = survival(sizes, np.array([1000.0, 1000.0, 1000.0]))
+    assert mass.sum() == pytest.approx(1.0) and mass[-1] == pytest.approx(0.25)
+    assert gittins_weighted(points, mass, 50.0) > gittins_remaining(sizes, 50.0)
+
+
+def test_a_job_past_an_epoch_is_weighed_by_the_epochs_the_others_trained() -> None:
+    """Its work per epoch is known once it finished one; how many epochs it trains is
+    weighed against the jobs that left (a long job near its end is then seen near it;
+    by its work alone it stayed behind every shorter job until it ended)."""
+    jobs = (_job("near", epoch=45), _job("young", epoch=5))
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs)
+    done = {"near": 4550.0, "young": 550.0}  # 100 one-GPU seconds an epoch
+    # the long ones that left trained 50 epochs of 400 s: 20000 s of work
+    departed = [(f"d{i}", 20000.0 if i % 2 else 200.0, 50.0 if i % 2 else 2.0) for i in range(10)]
+    work = one_gpu_time(*(lambda e: (e.time, e.gmin))(estimate(snap, departed=departed, done=done)))
+    by_epochs = estimate(snap, departed=departed, done=done, by_epochs=True)
+    left = one_gpu_time(by_epochs.time, by_epochs.gmin)
+    # 50 epochs: 4.5 left, a little more for the chance of a longer one (the extra size)
+    assert left[0] == pytest.approx(100.0 * (5 * 4.5 + 4.5) / 5)
+    assert left[0] < 0.1 * work[0]  # by its work: 15450 s left of a 20000 s job
+    assert left[1] == pytest.approx(100.0 * (5 * 44.5 + 94.5) / 6)  # past 2: one of 50
 
 
 def test_unknown_lengths_come_from_the_work_of_the_jobs_that_left() -> None:
@@ -111,6 +156,11 @@ def test_ones_counts_the_work_done_at_the_speed_of_the_gpus_held() -> None:
     left = policy.departed()
     assert len(left) == 1 and left[0][0] == "a"
     assert left[0][1] == pytest.approx(400.0 + 100.0 * speedup, rel=0.05)
+    assert left[0][2] == 2  # last seen in its epoch 1 (from 0): it trained 2
+    c = _job("c", attained_service=50.0, **{**run, "epoch": 0})
+    policy.schedule(replace(snap, now=220.0, jobs=(c,)))
+    policy.schedule(replace(snap, now=280.0, jobs=()))
+    assert policy.departed()[-1][0] == "c" and policy.departed()[-1][2] == 0  # none ended
 
 
 def test_jobs_of_a_known_application_are_weighed_against_its_own_departed_jobs() -> None:

@@ -106,3 +106,19 @@ def test_the_controller_shows_a_job_s_run_time_over_all_its_launches() -> None:
     assert (view.run_time, view.restarts) == (4 * 3600.0, 5)
     # 2 free and 1 an hour: 6 earned, a sixth restart is within it
     assert restarts_over((view,), free=2.0, per_hour=1.0)[0] == 0.0
+
+
+def test_a_change_to_a_job_changed_often_is_charged_over_less_time() -> None:
+    """A change is charged the GPU-time its restart idles, spread over the time it is
+    expected to last: the time between the job's changes so far (the horizon counted as
+    one interval before the first), at most the horizon. A job preempted and started again
+    every two minutes had each change spread over an hour, and was changed again."""
+    policy = OnesPolicy(seed=0, waste_horizon_s=3600.0)
+    jobs = (
+        _job("new", restarts=0, run_time=0.0),
+        _job("calm", restarts=1, run_time=7200.0),
+        _job("churned", restarts=59, run_time=7200.0),
+    )
+    assert policy.lasts(jobs) == pytest.approx([3600.0, 3600.0, 180.0])
+    policy.waste_adapt = False
+    assert policy.lasts(jobs) == pytest.approx([3600.0] * 3)

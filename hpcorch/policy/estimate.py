@@ -69,6 +69,8 @@ def estimate(
     departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
     speed: float = 1.0,
+    censor: bool = False,
+    by_epochs: bool = False,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
@@ -82,7 +84,8 @@ def estimate(
     seconds of one GPU of the reference speed (a job not in it: its GPU-seconds);
     ``departed``, the work the jobs that left the pool had done; ``speed``, the speed of
     this pool's GPUs relative to the reference (a pool of several types:
-    :mod:`hpcorch.policy.typed`).
+    :mod:`hpcorch.policy.typed`); ``censor``, ``by_epochs``: see
+    :func:`hpcorch.policy.lengths.remaining_work`.
     """
     jobs = snapshot.jobs
     n = len(jobs)
@@ -135,7 +138,10 @@ def estimate(
     units = np.zeros(n)  # remaining progress units each row stands for
     worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
     measured = np.array([bool(samples.get(key[j.job_id])) for j in jobs], dtype=bool)
-    left = remaining_work(jobs, (key, hist_key), departed or (), snapshot.history, worked, measured)
+    left = remaining_work(
+        jobs, (key, hist_key), departed or (), snapshot.history, worked, measured, censor,
+        by_epochs,
+    )  # fmt: skip
     ahead = epochs_left(jobs, left, worked)
     for (mk, *_), idx in groups.items():
         model = models[mk]

@@ -14,7 +14,8 @@ drawn from a known distribution): a job that has done ``a`` gets
 of known remaining work ``1 / index(a)``. With many small jobs and a few long ones a new
 job ranks as a small one; a job that outlived the small ones ranks as one of the long ones
 it has turned out to be among; one that outlived every size seen is expected to run as long
-again as it has (the sizes get one more, at twice the larger of that and the largest seen).
+again as it has, in steps (:func:`_beyond`), and the sizes get one more, at twice the larger
+of that and the largest seen.
 
 Work is counted in seconds of one GPU (the reference type's in a pool of several): the
 time a job held GPUs times their speed-up over one GPU, as the throughput model predicts
@@ -25,14 +26,22 @@ Which sizes, in order:
 
 1. the jobs of its own application (the pooling key) that the policy saw leave the pool,
    at least ``MIN_SAME`` (where the regime says which jobs are of one application);
-2. every job the policy saw leave the pool, at least ``MIN_SIZES``;
-3. its application's completed jobs in the snapshot's history (at least ``MIN_SAME``), in
+2. with ``by_epochs``, for a job that has finished an epoch, the epochs the jobs that left
+   the pool trained (at least ``MIN_SIZES`` that reported one): its work per epoch is then
+   known, and only how many epochs it trains is not. Epoch counts spread far less than
+   work (2 to 100 in the bundled workloads, against 20 s to 36 GPU-hours), and a long job
+   near its end is seen to be near it (not ranked by the work it has done, which keeps a
+   long job behind every shorter one until it ends);
+3. every job the policy saw leave the pool, at least ``MIN_SIZES``; with ``censor``, the
+   work of the jobs still in the pool counted as sizes at least that large (Kaplan-Meier,
+   :func:`survival`): the jobs that left first are the short ones;
+4. its application's completed jobs in the snapshot's history (at least ``MIN_SAME``), in
    progress units against its own progress (a policy that has not seen jobs leave yet);
-4. the GPU-seconds of the completed jobs in the history (at least ``MIN_SIZES``), against
+5. the GPU-seconds of the completed jobs in the history (at least ``MIN_SIZES``), against
    its attained service;
-5. with none of these, the median remaining work of the jobs whose length is known (at
+6. with none of these, the median remaining work of the jobs whose length is known (at
    least the work it has done);
-6. with nothing at all, as long again as it has run, at least ``FLOOR_S``.
+7. with nothing at all, as long again as it has run, at least ``FLOOR_S``.
 
 The remaining work also says how many epochs are left where a job has finished some
 (``epochs_left``): its work per epoch so far is known, so the gradient noise can be
@@ -58,13 +67,27 @@ FLOOR_S = 3600.0
 MAX_EPOCHS_LEFT = 1000
 """Epochs forecast at most for a job of unknown length."""
 
-Departed = Sequence[tuple[str, float]]
-"""(pooling key, work done) of each job that left the pool."""
+Departed = Sequence[tuple[str, float] | tuple[str, float, float]]
+"""(pooling key, work done[, epochs trained]) of each job that left the pool (epochs 0:
+not known)."""
+
+
+def _beyond(largest: float, done: float) -> float:
+    """The remaining work of a job that has done ``done``, at least the ``largest`` size
+    seen: the largest size doubled until it is at least ``done`` (as long again as it has
+    run, rounded up to such a step). Not ``done`` itself: two such jobs would then swap
+    their GPUs every round or two, each overtaking the other as it runs (LAS's round robin,
+    a restart each time; seen at load 1.0: three imagenet jobs, 43 GPUs preempted and
+    started again every two minutes); within a step they rank alike, and the running one
+    keeps its GPUs."""
+    return largest * 2.0 ** math.ceil(math.log2(max(done / largest, 1.0)))
 
 
 def gittins_remaining(sizes: np.ndarray, done: float) -> float:
     """``1 / index``: the known remaining work a job that has done ``done`` of a size drawn
     from ``sizes`` (sorted, positive) is worth (see the module's docstring)."""
+    if len(sizes) and done >= sizes[-1] > 0:
+        return _beyond(float(sizes[-1]), done)
     start = int(np.searchsorted(sizes, done, side="right"))
     tail = max(2.0 * done, 2.0 * float(sizes[-1]) if len(sizes) else 0.0, 1e-9)
     left = np.append(sizes[start:], tail) - done  # the sizes it may still turn out to have
@@ -72,6 +95,39 @@ def gittins_remaining(sizes: np.ndarray, done: float) -> float:
     k = np.arange(1, m + 1)
     spent = np.cumsum(left) + (m - k) * left  # E[min(S - a, D)] x m for D = left[k - 1]
     return float(np.min(spent / k))
+
+
+def survival(sizes: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The size distribution by Kaplan and Meier: the distinct ``sizes`` (of jobs that
+    ended, sorted) with the probability of each, ``censored`` holding the work of jobs
+    still running (their size is at least that). Jobs that ended early are the short ones:
+    without the running jobs the sizes seen so far understate the long ones. The mass the
+    sizes leave (jobs running past the largest) is the last element, for the tail: at
+    least one size's share, as :func:`gittins_remaining` gives it."""
+    points, ended = np.unique(sizes, return_counts=True)
+    cens = np.sort(censored)
+    at_risk = (len(sizes) - np.searchsorted(sizes, points, side="left")) + (
+        len(cens) - np.searchsorted(cens, points, side="left")
+    )
+    alive = np.cumprod(1.0 - ended / np.maximum(at_risk, 1))
+    mass = np.concatenate(([1.0], alive[:-1])) - alive
+    tail = max(float(alive[-1]) if len(alive) else 1.0, 1.0 / (len(sizes) + 1))
+    return points, np.append(mass, tail)
+
+
+def gittins_weighted(points: np.ndarray, mass: np.ndarray, done: float) -> float:
+    """:func:`gittins_remaining` over the distribution :func:`survival` gives (``mass``
+    one longer than ``points``: its last element the tail's, at twice the larger of the
+    largest size and ``done``)."""
+    if len(points) and done >= points[-1] > 0:
+        return _beyond(float(points[-1]), done)
+    start = int(np.searchsorted(points, done, side="right"))
+    tail = max(2.0 * done, 2.0 * float(points[-1]) if len(points) else 0.0, 1e-9)
+    left = np.append(points[start:], tail) - done
+    w = mass[start:] / mass[start:].sum()
+    cum = np.cumsum(w)
+    spent = np.cumsum(w * left) + (1.0 - cum) * left
+    return float(np.min(spent / np.maximum(cum, 1e-300)))
 
 
 def _sorted(values: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -86,16 +142,19 @@ def remaining_work(
     history: Sequence[CompletedJob],
     done: np.ndarray,
     measured: np.ndarray | None = None,
+    censor: bool = False,
+    by_epochs: bool = False,
 ) -> np.ndarray:
     """Each job of unknown length's remaining work from the sizes of departed jobs or the
-    GPU-seconds of completed ones (sources 1, 2 and 4 of the module's docstring); NaN for
+    GPU-seconds of completed ones (sources 1, 2, 3 and 5 of the module's docstring); NaN for
     a job of known length, or where it must come from its own estimates (:func:`factors`).
     A job whose model has no measurement yet (``measured`` False) counts as one of unknown
     length where departed jobs are known: the length it declares is in steps, and without
     a step time its seconds are a guess off by orders of magnitude (a typical job's speed
     made the bundled NCF jobs, 0.1 s of a typical step's work, look among the longest).
     ``keys``: the pooling keys of the jobs and of the completed jobs; ``done``: the work
-    each job has done, in the unit of ``departed``."""
+    each job has done, in the unit of ``departed``; ``censor``, ``by_epochs``: sources 3
+    and 2 as the module's docstring says."""
     key, _ = keys
     out = np.full(len(jobs), np.nan)
     new = np.zeros(len(jobs), dtype=bool) if measured is None else ~measured
@@ -103,15 +162,23 @@ def remaining_work(
     if not unknown:
         return out
     by_key: dict[str, list[float]] = {}
-    for k, w in departed:
-        by_key.setdefault(k, []).append(w)
-    every = _sorted([w for _, w in departed])
+    for d in departed:
+        by_key.setdefault(d[0], []).append(d[1])
+    every = _sorted([d[1] for d in departed])
+    trained = _sorted([d[2] for d in departed if len(d) > 2]) if by_epochs else np.empty(0)
     held = _sorted([h.gpu_seconds for h in history])
+    dist = survival(every, _sorted(done)) if censor and len(every) >= MIN_SIZES else None
     for i in unknown:
         j = jobs[i]
         mine = _sorted(by_key.get(key.get(j.job_id, j.application), []))
         if len(mine) >= MIN_SAME:
             out[i] = gittins_remaining(mine, float(done[i]))
+        elif j.epoch >= 1 and len(trained) >= MIN_SIZES and done[i] > 0:
+            # its work per epoch is known: only how many epochs it trains is not
+            at = j.epoch + 0.5
+            out[i] = float(done[i]) / at * gittins_remaining(trained, at)
+        elif dist is not None:
+            out[i] = gittins_weighted(*dist, float(done[i]))
         elif len(every) >= MIN_SIZES:
             out[i] = gittins_remaining(every, float(done[i]))
         elif j.length_known:

@@ -103,6 +103,15 @@ class OnesPolicy:
     """Charge a guarded running job's change the value of the GPU-time its restart wastes
     (:meth:`charge`), spread over at most this many seconds; 0: not charged."""
     waste_weight: float = 1.0
+    by_epochs: bool = True
+    """Weigh a job of unknown length that has finished an epoch by the epochs the jobs that
+    left the pool trained, at its own work per epoch (:mod:`hpcorch.policy.lengths`)."""
+    censor: bool = True
+    """Weigh a job of unknown length against the sizes of the jobs that left the pool and
+    the work of those still in it (Kaplan-Meier: :func:`hpcorch.policy.lengths.survival`)."""
+    waste_adapt: bool = True
+    """Spread a change's waste over the time the job's changes have lasted so far
+    (:meth:`lasts`) rather than ``waste_horizon_s``."""
     age_s: float = AGE_S
     """A guarded job behind its fair share of the pool by this many seconds
     (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1); 0: no
@@ -125,7 +134,8 @@ class OnesPolicy:
     _rates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     _at: float | None = None
     _keys: dict[str, str] = field(default_factory=dict)
-    _departed: dict[str, tuple[str, float]] = field(default_factory=dict)
+    _departed: dict[str, tuple[str, float, float]] = field(default_factory=dict)
+    _epochs: dict[str, int] = field(default_factory=dict)
 
     def schedule(self, snapshot: Snapshot) -> Plan:
         self.account(snapshot)
@@ -140,6 +150,8 @@ class OnesPolicy:
             network=self._network,
             departed=self.departed(),
             done=self._work,
+            censor=self.censor,
+            by_epochs=self.by_epochs,
         )
         self._network = est.network  # the next round models with what this one learned
         self.note_rates(est)
@@ -235,7 +247,13 @@ class OnesPolicy:
         for job_id, w in self._work.items():
             if job_id not in work and w > 0:
                 self._departed.pop(job_id, None)
-                self._departed[job_id] = (self._keys.get(job_id, job_id), w)
+                last = self._epochs.get(job_id, 0)  # 0: it reported no epoch it finished
+                self._departed[job_id] = (
+                    self._keys.get(job_id, job_id),
+                    w,
+                    last + 1 if last else 0,
+                )
+        self._epochs = {j.job_id: j.epoch for j in snapshot.jobs}
         while len(self._departed) > DEPARTED_KEEP:
             self._departed.pop(next(iter(self._departed)))
         self._rates = {k: v for k, v in self._rates.items() if k in work}
@@ -252,8 +270,9 @@ class OnesPolicy:
             self._rates.setdefault(j.job_id, {})[gpu_type] = row
         self._keys.update(est.keys)
 
-    def departed(self) -> list[tuple[str, float]]:
-        """The pooling key and the work done of each remembered job that left the pool."""
+    def departed(self) -> list[tuple[str, float, float]]:
+        """The pooling key, the work done and the epochs trained (0: not known) of each
+        remembered job that left the pool."""
         return list(self._departed.values())
 
     def random(self) -> np.random.Generator:
@@ -329,7 +348,7 @@ class OnesPolicy:
         shape = (n,) + (1,) * (value.ndim - 1)
         gpus_used = np.maximum(cols, now.reshape(shape))
         with np.errstate(invalid="ignore"):
-            horizon = np.minimum(t, self.waste_horizon_s)
+            horizon = np.minimum(t, self.lasts(snapshot.jobs).reshape(shape))
             cost = restart_costs(snapshot, snapshot.jobs).reshape(shape)
             pen = lam * cost * gpus_used / np.maximum(horizon, 1.0)
         changed = np.ones(value.shape, dtype=bool)
@@ -340,6 +359,17 @@ class OnesPolicy:
         changed &= (running & mask).reshape(shape) & (cols > 0)
         changed &= np.isfinite(value) & np.isfinite(pen)
         return np.where(changed, value - self.waste_weight * pen, value)
+
+    def lasts(self, jobs: Sequence[JobView]) -> np.ndarray:
+        """How long a change to each job is expected to last: ``waste_horizon_s``, or with
+        ``waste_adapt`` the time between the changes the job has had so far, counting
+        ``waste_horizon_s`` as one such interval before its first (a job changed often is
+        changed again soon: its change wastes its restart over less time)."""
+        if not self.waste_adapt:
+            return np.full(len(jobs), self.waste_horizon_s)
+        run = np.array([j.run_time for j in jobs], dtype=float)
+        changes = np.array([j.restarts for j in jobs], dtype=float)
+        return np.minimum((run + self.waste_horizon_s) / (changes + 1.0), self.waste_horizon_s)
 
     def weigh(
         self,

@@ -53,11 +53,13 @@ class TypedSearch(Protocol):
 
     def random(self) -> np.random.Generator: ...
 
-    def departed(self) -> list[tuple[str, float]]: ...
+    def departed(self) -> list[tuple[str, float, float]]: ...
 
     def note_rates(self, est: Estimates, speed: float = 1.0, gpu_type: str = "") -> None: ...
 
     _work: dict[str, float]
+    censor: bool
+    by_epochs: bool
 
     def kept(self, jobs: Sequence[JobView]) -> np.ndarray: ...
 
@@ -94,6 +96,8 @@ def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
         memory=policy._type_speeds,
         departed=policy.departed(),
         done=policy._work,
+        censor=policy.censor,
+        by_epochs=policy.by_epochs,
     )
     policy._network = te.est[0].network
     for t, e in zip(te.types, te.est, strict=True):

@@ -247,10 +247,13 @@ def type_estimates(
     memory: dict[str, dict[str, float]] | None = None,
     departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
+    censor: bool = False,
+    by_epochs: bool = False,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
     cap of a never-measured application (0: one node of the type). ``memory``: see
-    :func:`type_speeds`. ``departed``, ``done``: as :func:`hpcorch.policy.estimate.estimate`'s
+    :func:`type_speeds`. ``departed``, ``done``, ``censor``, ``by_epochs``: as
+    :func:`hpcorch.policy.estimate.estimate`'s
     (work counted on one GPU of speed 1).
 
     A job measured on no type at all is modelled as a typical job on every type (the
@@ -275,6 +278,8 @@ def type_estimates(
             departed=departed,
             done=done,
             speed=speed[types[len(est)]],
+            censor=censor,
+            by_epochs=by_epochs,
         )
         network = network or e.network
         # a job of unknown length was scaled to its inferred work at this type's speed
