@@ -253,3 +253,24 @@ def test_run_polls_fast_only_while_a_transition_is_in_flight(tmp_path: Path) -> 
     assert sleeps[4:] == [9.0, 10.0, 10.0]
     # the job's report read as soon as it runs (a fast cycle), then at full cycles
     assert reads == [1001.0, 1010.0, 1020.0]
+
+
+def test_two_uneven_starts_that_wait_for_each_other_do_not_wait_forever() -> None:
+    """Seen at the end of a 2,000-job run on Slurm 22.05: ten large jobs on an empty pool,
+    each planned unevenly on nodes another start was to share, each waiting until the
+    other took its GPUs first; after 90 s every one was planned again, the same way, for
+    half an hour. Past ``exact_wait_s`` the start no other start with a lower id shares a
+    node with goes with Slurm's split (it may take GPUs the other was to take; that one
+    is then found blocked and planned again at once)."""
+    s = Settings(exact_wait_s=10.0)
+    a = record(slurm_id=5, phase="starting", phase_since=0.0, target_gpus=6,
+               target_placement=json.dumps({0: 2, 1: 4}))  # fmt: skip
+    b = record(slurm_id=6, phase="starting", phase_since=0.0, target_gpus=6,
+               target_placement=json.dumps({0: 2, 2: 4}))  # fmt: skip
+    pool = ("n1", "n2", "n3")
+    free = nodes([4, 4, 4])  # Slurm would put 4 on n1 for either: the other's 2 with them
+    claims = reconcile.start_claims([a, b], pool)
+    shape_a, shape_b = target_shape(a, pool), target_shape(b, pool)
+    assert reconcile.start_wait(a, shape_a, free, 5.0, s, claims) != ""  # not yet
+    assert reconcile.start_wait(a, shape_a, free, 11.0, s, claims) == ""  # the first goes
+    assert reconcile.start_wait(b, shape_b, free, 11.0, s, claims) != ""  # the other waits

@@ -105,11 +105,13 @@ def start_wait(
     if ran and now < math.floor(rec.phase_since) + s.relaunch_delay_s:
         return "relaunching once slurmd has let go of the last run"
     others: dict[str, int] = {}
+    first = True  # no start with a lower id is to share a node with it
     for sid, claim in (claims or {}).items():
         for node, n in claim.items():
             if sid != rec.slurm_id:
                 others[node] = others.get(node, 0) + n
-    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others)
+                first &= not (sid < rec.slurm_id and node in shape.node_names)
+    return launch_wait(shape, nodes, now - rec.phase_since, s.exact_wait_s, others, first)
 
 
 def launch_wait(
@@ -118,6 +120,7 @@ def launch_wait(
     waited_s: float = 0.0,
     limit_s: float = 0.0,
     claimed: Mapping[str, int] | None = None,
+    first: bool = False,
 ) -> str:
     """Why an uneven launch must wait before it is handed to the cluster ('' = go now).
 
@@ -131,7 +134,11 @@ def launch_wait(
     the cluster chooses on the same nodes. After ``limit_s`` (``waited_s`` so far) it also
     goes where the cluster's split takes GPUs the plan left idle but none another
     starting job is to take; never the others' (that job would then wait for GPUs that do
-    not come back: a start held back too long is planned afresh by the loop)."""
+    not come back: a start held back too long is planned afresh by the loop), unless it is
+    ``first``: no start with a lower id is to share its nodes. Starts whose splits
+    interleave would otherwise each wait for the other to take its GPUs first, planned
+    afresh the same way every ``launch_pending_s`` (seen at the end of a 2,000-job run);
+    the first goes, and a start whose GPUs it took is found blocked and planned again."""
     if shape.even or len(shape.per_node) != len(shape.node_names):
         return ""
     order = {n.name: i for i, n in enumerate(nodes)}
@@ -160,6 +167,8 @@ def launch_wait(
             )
         ):
             return ""  # Slurm's split takes more here, but none of what others are to take
+        if waited_s >= limit_s > 0 and first and split is not None:
+            return ""  # the first of starts that would wait for each other
     have = " ".join(f"{name}:{free.get(name, 0)}" for name, _ in mine)
     want = " ".join(f"{name}:{c}" for name, c in mine)
     return f"waiting until the free GPUs ({have}) leave one split: {want}"
