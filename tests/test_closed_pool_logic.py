@@ -9,6 +9,8 @@ import sqlite3
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from hpcorch.cluster import ForeignJob, Observation, PoolNode
 from hpcorch.controller.ends import NODE_REFUSED_WAIT_S
 from hpcorch.controller.guard import PoolGuard
@@ -121,65 +123,46 @@ def test_a_node_that_comes_back_costs_no_retry(tmp_path: Path) -> None:
     assert rec is not None and rec.failures == 1
 
 
+@pytest.mark.parametrize(
+    ("reason", "says", "waits"),
+    [("Resources", "Slurm keeps it pending", 90), ("None", "Slurm has not tried it yet", 270)],
+)
 def test_a_launch_slurm_keeps_pending_is_planned_again_with_slurms_reason(
-    tmp_path: Path,
+    tmp_path: Path, reason: str, says: str, waits: int
 ) -> None:
+    """Past ``--launch-pending`` (90 s) a released launch Slurm keeps pending is held and
+    planned again. One pending with Slurm's reason ``None`` (its scheduler, busy, has not
+    looked at it yet) waits ``UNTRIED_WAIT`` times as long: seen at 2,000 jobs on 22.05,
+    such relaunches pending 91 s were held as Slurm started them, ran unplanned and were
+    requeued. Holding a launch Slurm has not tried frees nothing."""
+    from hpcorch.controller.reconcile import UNTRIED_WAIT
+
+    assert waits == 90 * (UNTRIED_WAIT if reason == "None" else 1)
     c = FakeCluster()
     c.add(1, 4, 4)
     ctl, lines = make(tmp_path, c, launch_pending_s=90)
     real_start = c.start
 
-    def stuck(slurm_id: int, shape: object) -> None:  # released, but Slurm never runs it
+    def stuck(slurm_id: int, shape: object) -> None:  # released, but Slurm does not run it
         c.log.append(("start", slurm_id))
-        c.set(slurm_id, held=False, reason="Resources")
+        c.set(slurm_id, held=False, reason=reason)
 
     c.start = stuck  # type: ignore[method-assign]
     ctl.cycle()
-    c.t += 30
+    c.t += waits - 10
     ctl.cycle()
     rec = ctl.store.job(1)
-    assert rec is not None and rec.phase == "starting"
-    assert "Slurm keeps it pending (Resources)" in rec.reason
-    c.t += 70
+    assert rec is not None and rec.phase == "starting", rec.reason
+    assert f"{says} ({reason})" in rec.reason and ("hold", 1) not in c.log
+    c.t += 10
     ctl.cycle()
     rec = ctl.store.job(1)
-    assert rec is not None and rec.phase == "queued" and "(Resources)" in rec.reason
+    assert rec is not None and rec.phase == "queued" and f"({reason})" in rec.reason
     assert c.log[-1] == ("hold", 1) and any("replan" in ln for ln in lines)
     c.start = real_start  # type: ignore[method-assign]
     c.t += 10
     ctl.cycle()
     assert c.state(1) == "RUNNING"
-
-
-def test_a_launch_slurm_has_not_tried_yet_is_not_planned_again_as_soon(tmp_path: Path) -> None:
-    """Seen at 2,000 jobs on Slurm 22.05: relaunches pending 91 s with Slurm's reason
-    ``None`` (its scheduler, busy, had not yet looked at them) were held and planned again,
-    and Slurm started them as the hold went out: they ran unplanned and were requeued.
-    Holding a launch Slurm has not tried frees nothing: it waits ``UNTRIED_WAIT`` times as
-    long (Slurm's other reasons, as before)."""
-    from hpcorch.controller.reconcile import UNTRIED_WAIT
-
-    c = FakeCluster()
-    c.add(1, 4, 4)
-    ctl, _ = make(tmp_path, c, launch_pending_s=90)
-    real_start = c.start
-
-    def untried(slurm_id: int, shape: object) -> None:  # released; Slurm's scheduler is behind
-        c.log.append(("start", slurm_id))
-        c.set(slurm_id, held=False, reason="None")
-
-    c.start = untried  # type: ignore[method-assign]
-    ctl.cycle()
-    c.t += 100
-    ctl.cycle()
-    rec = ctl.store.job(1)
-    assert rec is not None and rec.phase == "starting", rec.reason
-    assert "not tried it yet" in rec.reason and ("hold", 1) not in c.log
-    c.t += 90 * UNTRIED_WAIT
-    ctl.cycle()
-    rec = ctl.store.job(1)
-    assert rec is not None and rec.phase == "queued" and "(None)" in rec.reason
-    c.start = real_start  # type: ignore[method-assign]
 
 
 def test_gpus_of_jobs_the_controller_did_not_place_are_never_planned(tmp_path: Path) -> None:
