@@ -86,15 +86,7 @@ def _beyond(largest: float, done: float) -> float:
 def gittins_remaining(sizes: np.ndarray, done: float) -> float:
     """``1 / index``: the known remaining work a job that has done ``done`` of a size drawn
     from ``sizes`` (sorted, positive) is worth (see the module's docstring)."""
-    if len(sizes) and done >= sizes[-1] > 0:
-        return _beyond(float(sizes[-1]), done)
-    start = int(np.searchsorted(sizes, done, side="right"))
-    tail = max(2.0 * done, 2.0 * float(sizes[-1]) if len(sizes) else 0.0, 1e-9)
-    left = np.append(sizes[start:], tail) - done  # the sizes it may still turn out to have
-    m = len(left)
-    k = np.arange(1, m + 1)
-    spent = np.cumsum(left) + (m - k) * left  # E[min(S - a, D)] x m for D = left[k - 1]
-    return float(np.min(spent / k))
+    return gittins_weighted(sizes, np.ones(len(sizes) + 1), done)  # each size alike
 
 
 def survival(sizes: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -116,17 +108,17 @@ def survival(sizes: np.ndarray, censored: np.ndarray) -> tuple[np.ndarray, np.nd
 
 
 def gittins_weighted(points: np.ndarray, mass: np.ndarray, done: float) -> float:
-    """:func:`gittins_remaining` over the distribution :func:`survival` gives (``mass``
-    one longer than ``points``: its last element the tail's, at twice the larger of the
-    largest size and ``done``)."""
+    """:func:`gittins_remaining` over sizes ``points`` (sorted) of probability ``mass``
+    (one longer: its last element the tail's, at twice the larger of the largest size and
+    ``done``; :func:`survival` gives them), in any scale."""
     if len(points) and done >= points[-1] > 0:
         return _beyond(float(points[-1]), done)
     start = int(np.searchsorted(points, done, side="right"))
     tail = max(2.0 * done, 2.0 * float(points[-1]) if len(points) else 0.0, 1e-9)
-    left = np.append(points[start:], tail) - done
+    left = np.append(points[start:], tail) - done  # the sizes it may still turn out to have
     w = mass[start:] / mass[start:].sum()
-    cum = np.cumsum(w)
-    spent = np.cumsum(w * left) + (1.0 - cum) * left
+    cum = np.cumsum(w)  # P(S - a <= D | S > a) for D = left[k]
+    spent = np.cumsum(w * left) + (1.0 - cum) * left  # E[min(S - a, D) | S > a]
     return float(np.min(spent / np.maximum(cum, 1e-300)))
 
 
