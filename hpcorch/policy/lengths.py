@@ -167,7 +167,7 @@ def remaining_work(
             out[i] = gittins_remaining(mine, float(done[i]))
         elif j.epoch >= 1 and len(trained) >= MIN_SIZES and done[i] > 0:
             # its work per epoch is known: only how many epochs it trains is not
-            at = j.epoch + 0.5
+            at = _trained(j)
             out[i] = float(done[i]) / at * gittins_remaining(trained, at)
         elif dist is not None:
             out[i] = gittins_weighted(*dist, float(done[i]))
@@ -189,6 +189,12 @@ def _same(
     return [h.progress for h in history if h.progress > 0 and hist_key.get(h.job_id) == mine]
 
 
+def _trained(job: JobView) -> float:
+    """The epochs a job of unknown length has trained, half of its current one counted
+    done (how far into an epoch it is, it does not say)."""
+    return job.epoch + 0.5
+
+
 def epochs_left(jobs: Sequence[JobView], left: np.ndarray, done: np.ndarray) -> np.ndarray:
     """Epochs each job of unknown length has left, where it finished one or more and its
     remaining work is known: that work over its work per epoch so far (half of the
@@ -197,7 +203,7 @@ def epochs_left(jobs: Sequence[JobView], left: np.ndarray, done: np.ndarray) -> 
     for i, j in enumerate(jobs):
         if j.length_known or j.epoch < 1 or not (np.isfinite(left[i]) and done[i] > 0):
             continue
-        per_epoch = float(done[i]) / (j.epoch + 0.5)
+        per_epoch = float(done[i]) / _trained(j)
         out[i] = min(float(left[i]) / per_epoch, MAX_EPOCHS_LEFT)
     return out
 
@@ -211,7 +217,7 @@ def as_forecast(job: JobView, epochs: float) -> JobView:
         job,
         max_epochs=total,
         progress_per_epoch_hint=1.0,
-        progress=job.epoch + 0.5,
+        progress=_trained(job),
         length_known=True,
     )
 
