@@ -186,15 +186,35 @@ exit "$FAKE_RC"
 """
 
 
+# Slurm's side of a requeue the wrapper asks for: scontrol accepts it and, as a slow
+# slurmctld does, ends the batch script (SIGTERM to its process group, which the helper
+# below makes the wrapper lead) only FAKE_END_S seconds later; a
+# checkpoint signal the controller sends again meanwhile (FAKE_RESIGNAL) reaches the
+# wrapper first. `show job` says the job runs, launch 0.
+FAKE_SCONTROL = """#!/bin/bash
+case $1 in
+  requeue|requeuehold)
+    echo "$*" >> "$HPCORCH_JOB_DIR/scontrol-calls"
+    wrapper=$PPID
+    ( [ -n "$FAKE_RESIGNAL" ] && { sleep 0.3; kill -USR2 "$wrapper"; }
+      sleep "${FAKE_END_S:-0.5}"; kill -TERM -- "-$wrapper" ) >/dev/null 2>&1 &
+    exit 0 ;;
+  -o) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=0" ;;
+esac
+"""
+
+
 def _wrapper_under_fake_srun(
     tmp_path: Path, *, beat: str = "", rc: int = 0, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """The job wrapper run outside Slurm, its srun the fake above (exit code ``rc``, the
-    heartbeat ``beat`` of this launch); ``tmp_path / "job"`` its job directory."""
+    """The job wrapper run outside Slurm, its srun and scontrol the fakes above (srun's exit
+    code ``rc``, the heartbeat ``beat`` of this launch); ``tmp_path / "job"`` its job
+    directory."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "srun").write_text(FAKE_SRUN)
-    (fake_bin / "srun").chmod(stat.S_IRWXU)
+    for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        (fake_bin / name).write_text(text)
+        (fake_bin / name).chmod(stat.S_IRWXU)
     job_dir = tmp_path / "job"
     job_dir.mkdir(exist_ok=True)
     full = {
@@ -211,7 +231,12 @@ def _wrapper_under_fake_srun(
     }
     wrapper = Path(__file__).parent.parent / "jobscripts" / "hpcorch-run.sbatch"
     return subprocess.run(
-        ["bash", str(wrapper), "train.py"], env=full, capture_output=True, text=True, timeout=60
+        ["bash", str(wrapper), "train.py"],
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
     )
 
 
@@ -279,3 +304,26 @@ def test_wrapper_refuses_a_bad_task_start_timeout(tmp_path: Path, value: str) ->
     lines = run.stderr.strip().splitlines()
     assert lines[-1].startswith("hpcorch-run[7]: HPCORCH_TASK_START_TIMEOUT must be a whole"), lines
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("resignal", [False, True])
+def test_wrapper_requeue_ends_as_a_requeue_when_signalled_again(
+    tmp_path: Path, resignal: bool
+) -> None:
+    """After a checkpoint on request the wrapper requeues its job held and exits 0 when
+    Slurm ends it, so accounting shows a requeue. A slow slurmctld can take seconds to end
+    it, and the controller signals a job still running again: that signal must not cut
+    the wait short and turn the requeue into a failed batch step (exit 75)."""
+    run = _wrapper_under_fake_srun(
+        tmp_path,
+        beat="exit 75",
+        HPCORCH_CONTROLLED="1",
+        FAKE_END_S="2",
+        FAKE_RESIGNAL="1" if resignal else "",
+    )
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "job" / "scontrol-calls").read_text().split() == [
+        "requeuehold", "State=SpecialExit", "7",
+    ]  # fmt: skip
+    assert "requeued held for the controller's relaunch" in run.stderr
+    assert "the requeue failed" not in run.stderr
