@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hpcorch.policy.estimate import estimate, one_gpu_time
-from hpcorch.policy.lengths import gittins_remaining, gittins_weighted, survival
+from hpcorch.policy.lengths import Prior, gittins_remaining, gittins_weighted, survival
 from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample, validate_plan
 from tests.unknown_length import unknown_length_job
@@ -78,12 +78,34 @@ def test_a_job_past_an_epoch_is_weighed_by_the_epochs_the_others_trained() -> No
     # the long ones that left trained 50 epochs of 400 s: 20000 s of work
     departed = [(f"d{i}", 20000.0 if i % 2 else 200.0, 50.0 if i % 2 else 2.0) for i in range(10)]
     work = one_gpu_time(*(lambda e: (e.time, e.gmin))(estimate(snap, departed=departed, done=done)))
-    by_epochs = estimate(snap, departed=departed, done=done, by_epochs=True)
+    by_epochs = estimate(snap, departed=departed, done=done, prior=Prior(by_epochs=True))
     left = one_gpu_time(by_epochs.time, by_epochs.gmin)
     # 50 epochs: 4.5 left, a little more for the chance of a longer one (the extra size)
     assert left[0] == pytest.approx(100.0 * (5 * 4.5 + 4.5) / 5)
     assert left[0] < 0.1 * work[0]  # by its work: 15450 s left of a 20000 s job
     assert left[1] == pytest.approx(100.0 * (5 * 44.5 + 94.5) / 6)  # past 2: one of 50
+
+
+def test_a_job_past_an_epoch_is_weighed_most_by_departed_jobs_of_its_epoch_work() -> None:
+    """Jobs of one kind train epochs of like work and like numbers of them: 100 short
+    epochs (10 one-GPU seconds each) or 50 long ones (400 s). Both jobs below are in their
+    eleventh epoch. With ``kin`` the long-epoch job is weighed by the long-epoch jobs that
+    left (about 40 epochs to go, not the 90 the short-epoch kind would give it) and the
+    short-epoch one by the short-epoch jobs; all alike, each got a blend of both."""
+    jobs = (_job("long", epoch=10), _job("short", epoch=10))
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=jobs)
+    done = {"long": 4200.0, "short": 105.0}  # 10.5 epochs of 400 s and of 10 s
+    departed = [(f"s{i}", 1000.0, 100.0) for i in range(6)]
+    departed += [(f"l{i}", 20000.0, 50.0) for i in range(6)]
+
+    def left(kin: float) -> np.ndarray:
+        e = estimate(snap, departed=departed, done=done, prior=Prior(by_epochs=True, kin=kin))
+        return one_gpu_time(e.time, e.gmin) / np.array([400.0, 10.0])  # in epochs
+
+    alike, kin = left(0.0), left(1.0)
+    assert alike[0] == alike[1] == pytest.approx(72.0, rel=0.01)
+    assert 39.5 < kin[0] < 0.65 * alike[0]  # 39.5, and a little for the longer kind
+    assert kin[1] > alike[1] and kin[1] == pytest.approx(89.5, rel=0.1)
 
 
 def test_unknown_lengths_come_from_the_work_of_the_jobs_that_left() -> None:

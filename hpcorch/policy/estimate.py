@@ -17,7 +17,15 @@ import numpy as np
 
 from hpcorch.model.convergence import forecast_noise, noise_ratio, reference_curve
 from hpcorch.model.throughput import Network, ThroughputModel, learn_network
-from hpcorch.policy.lengths import Departed, as_forecast, epochs_left, factors, remaining_work
+from hpcorch.policy.lengths import (
+    PLAIN,
+    Departed,
+    Prior,
+    as_forecast,
+    epochs_left,
+    factors,
+    remaining_work,
+)
 from hpcorch.policy.pooling import model_keys, pooled_profiles
 from hpcorch.policy.types import JobView, Snapshot
 
@@ -69,8 +77,7 @@ def estimate(
     departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
     speed: float = 1.0,
-    censor: bool = False,
-    by_epochs: bool = False,
+    prior: Prior = PLAIN,
 ) -> Estimates:
     """Build the time/batch tables for all jobs of ``snapshot``.
 
@@ -84,8 +91,8 @@ def estimate(
     seconds of one GPU of the reference speed (a job not in it: its GPU-seconds);
     ``departed``, the work the jobs that left the pool had done; ``speed``, the speed of
     this pool's GPUs relative to the reference (a pool of several types:
-    :mod:`hpcorch.policy.typed`); ``censor``, ``by_epochs``: see
-    :func:`hpcorch.policy.lengths.remaining_work`.
+    :mod:`hpcorch.policy.typed`); ``prior``: what else their remaining work is inferred
+    from (:class:`hpcorch.policy.lengths.Prior`).
     """
     jobs = snapshot.jobs
     n = len(jobs)
@@ -139,9 +146,8 @@ def estimate(
     worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
     measured = np.array([bool(samples.get(key[j.job_id])) for j in jobs], dtype=bool)
     left = remaining_work(
-        jobs, (key, hist_key), departed or (), snapshot.history, worked, measured, censor,
-        by_epochs,
-    )  # fmt: skip
+        jobs, (key, hist_key), departed or (), snapshot.history, worked, measured, prior
+    )
     ahead = epochs_left(jobs, left, worked)
     for (mk, *_), idx in groups.items():
         model = models[mk]

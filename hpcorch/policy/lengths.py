@@ -31,7 +31,8 @@ Which sizes, in order:
    known, and only how many epochs it trains is not. Epoch counts spread far less than
    work (2 to 100 in the bundled workloads, against 20 s to 36 GPU-hours), and a long job
    near its end is seen to be near it (not ranked by the work it has done, which keeps a
-   long job behind every shorter one until it ends);
+   long job behind every shorter one until it ends); with ``kin``, the departed jobs whose
+   work per epoch is near its own weigh most (jobs of one kind);
 3. every job the policy saw leave the pool, at least ``MIN_SIZES``; with ``censor``, the
    work of the jobs still in the pool counted as sizes at least that large (Kaplan-Meier,
    :func:`survival`): the jobs that left first are the short ones;
@@ -52,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -66,6 +67,33 @@ FLOOR_S = 3600.0
 """Remaining one-GPU seconds of a job when nothing is known of any job's length."""
 MAX_EPOCHS_LEFT = 1000
 """Epochs forecast at most for a job of unknown length."""
+
+KIN_FLOOR = 0.05
+"""With ``Prior.kin``: the weight of a departed job whose work per epoch is nothing like the
+job's (1 for the same): no departed job is left out, so a job unlike every one is weighed
+by all alike."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the remaining work of a job of unknown length is inferred from, beyond the
+    sizes of the jobs that left the pool (the module's docstring)."""
+
+    censor: bool = False
+    """Source 3 counts the work of the jobs still in the pool (Kaplan-Meier)."""
+    by_epochs: bool = False
+    """Source 2: a job past its first epoch is weighed by the epochs departed jobs trained."""
+    kin: float = 0.0
+    """With ``by_epochs``: each departed job weighs by how near its work per epoch is to the
+    job's, a Gaussian in the logarithm of that work of this width (1: a factor e away weighs
+    0.61, e^2 away 0.14; at least ``KIN_FLOOR``); 0: all alike. Jobs of one kind train
+    epochs of similar work and similar numbers of them (the bundled workloads: a CIFAR-10
+    job's 100 short epochs, a YOLOv3 job's 50 long ones), and the epoch a job is in says
+    nothing of which kind it is."""
+
+
+PLAIN = Prior()
+"""Only the sizes of departed (or completed) jobs."""
 
 Departed = Sequence[tuple[str, float] | tuple[str, float, float]]
 """(pooling key, work done[, epochs trained]) of each job that left the pool (epochs 0:
@@ -134,8 +162,7 @@ def remaining_work(
     history: Sequence[CompletedJob],
     done: np.ndarray,
     measured: np.ndarray | None = None,
-    censor: bool = False,
-    by_epochs: bool = False,
+    prior: Prior = PLAIN,
 ) -> np.ndarray:
     """Each job of unknown length's remaining work from the sizes of departed jobs or the
     GPU-seconds of completed ones (sources 1, 2, 3 and 5 of the module's docstring); NaN for
@@ -145,8 +172,7 @@ def remaining_work(
     a step time its seconds are a guess off by orders of magnitude (a typical job's speed
     made the bundled NCF jobs, 0.1 s of a typical step's work, look among the longest).
     ``keys``: the pooling keys of the jobs and of the completed jobs; ``done``: the work
-    each job has done, in the unit of ``departed``; ``censor``, ``by_epochs``: sources 3
-    and 2 as the module's docstring says."""
+    each job has done, in the unit of ``departed``; ``prior``: which further sources."""
     key, _ = keys
     out = np.full(len(jobs), np.nan)
     new = np.zeros(len(jobs), dtype=bool) if measured is None else ~measured
@@ -157,18 +183,16 @@ def remaining_work(
     for d in departed:
         by_key.setdefault(d[0], []).append(d[1])
     every = _sorted([d[1] for d in departed])
-    trained = _sorted([d[2] for d in departed if len(d) > 2]) if by_epochs else np.empty(0)
+    trained = _epochs_trained(departed) if prior.by_epochs else np.empty((2, 0))
     held = _sorted([h.gpu_seconds for h in history])
-    dist = survival(every, _sorted(done)) if censor and len(every) >= MIN_SIZES else None
+    dist = survival(every, _sorted(done)) if prior.censor and len(every) >= MIN_SIZES else None
     for i in unknown:
         j = jobs[i]
         mine = _sorted(by_key.get(key.get(j.job_id, j.application), []))
         if len(mine) >= MIN_SAME:
             out[i] = gittins_remaining(mine, float(done[i]))
-        elif j.epoch >= 1 and len(trained) >= MIN_SIZES and done[i] > 0:
-            # its work per epoch is known: only how many epochs it trains is not
-            at = _trained(j)
-            out[i] = float(done[i]) / at * gittins_remaining(trained, at)
+        elif j.epoch >= 1 and trained.shape[1] >= MIN_SIZES and done[i] > 0:
+            out[i] = _by_epochs(trained, _trained(j), float(done[i]), prior.kin)
         elif dist is not None:
             out[i] = gittins_weighted(*dist, float(done[i]))
         elif len(every) >= MIN_SIZES:
@@ -178,6 +202,25 @@ def remaining_work(
         elif len(held) >= MIN_SIZES and len(_same(j, keys, history)) < MIN_SAME:
             out[i] = gittins_remaining(held, j.attained_service)
     return out
+
+
+def _epochs_trained(departed: Departed) -> np.ndarray:
+    """The epochs each departed job that reported one trained (row 0, ascending) and the
+    logarithm of its work per epoch (row 1)."""
+    pairs = sorted((d[2], d[1] / d[2]) for d in departed if len(d) > 2 and d[2] > 0 and d[1] > 0)
+    return np.array([[p[0] for p in pairs], [math.log(p[1]) for p in pairs]]).reshape(2, -1)
+
+
+def _by_epochs(trained: np.ndarray, at: float, done: float, kin: float) -> float:
+    """Source 2: the remaining work of a job that has trained ``at`` epochs in ``done``.
+    Its work per epoch is known; only how many epochs it trains is not: those of the
+    departed jobs (``trained``: :func:`_epochs_trained`), weighed by ``kin``
+    (:class:`Prior`)."""
+    w = np.ones(trained.shape[1])
+    if kin > 0:
+        near = (trained[1] - math.log(done / at)) / kin
+        w = np.exp(-0.5 * near**2) + KIN_FLOOR
+    return done / at * gittins_weighted(trained[0], np.append(w, w.mean()), at)
 
 
 def _same(

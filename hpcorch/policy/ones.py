@@ -31,6 +31,7 @@ import numpy as np
 from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import Estimates, estimate, one_gpu_time
+from hpcorch.policy.lengths import Prior
 from hpcorch.policy.ones_ops import Ops, group_masks
 from hpcorch.policy.ones_types import schedule_types
 from hpcorch.policy.placement import place_schedule
@@ -109,6 +110,9 @@ class OnesPolicy:
     censor: bool = True
     """Weigh a job of unknown length against the sizes of the jobs that left the pool and
     the work of those still in it (Kaplan-Meier: :func:`hpcorch.policy.lengths.survival`)."""
+    kin: float = 1.0
+    """With ``by_epochs``: the departed jobs whose work per epoch is near the job's weigh
+    most (:class:`hpcorch.policy.lengths.Prior`); 0: all alike."""
     waste_adapt: bool = True
     """Spread a change's waste over the time the job's changes have lasted so far
     (:meth:`lasts`) rather than ``waste_horizon_s``."""
@@ -150,8 +154,7 @@ class OnesPolicy:
             network=self._network,
             departed=self.departed(),
             done=self._work,
-            censor=self.censor,
-            by_epochs=self.by_epochs,
+            prior=self.prior(),
         )
         self._network = est.network  # the next round models with what this one learned
         self.note_rates(est)
@@ -269,6 +272,11 @@ class OnesPolicy:
         for j, row in zip(est.jobs, rate, strict=True):
             self._rates.setdefault(j.job_id, {})[gpu_type] = row
         self._keys.update(est.keys)
+
+    def prior(self) -> Prior:
+        """What a job of unknown length's remaining work is inferred from, beyond the sizes
+        of the departed jobs."""
+        return Prior(censor=self.censor, by_epochs=self.by_epochs, kin=self.kin)
 
     def departed(self) -> list[tuple[str, float, float]]:
         """The pooling key, the work done and the epochs trained (0: not known) of each

@@ -26,6 +26,7 @@ import numpy as np
 from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
 from hpcorch.policy.estimate import Estimates, one_gpu_time
+from hpcorch.policy.lengths import Prior
 from hpcorch.policy.ones_ops import grow, trim
 from hpcorch.policy.placement import place_schedule
 from hpcorch.policy.probe import needs_probe, probe_batches
@@ -58,8 +59,8 @@ class TypedSearch(Protocol):
     def note_rates(self, est: Estimates, speed: float = 1.0, gpu_type: str = "") -> None: ...
 
     _work: dict[str, float]
-    censor: bool
-    by_epochs: bool
+
+    def prior(self) -> Prior: ...
 
     def kept(self, jobs: Sequence[JobView]) -> np.ndarray: ...
 
@@ -96,8 +97,7 @@ def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
         memory=policy._type_speeds,
         departed=policy.departed(),
         done=policy._work,
-        censor=policy.censor,
-        by_epochs=policy.by_epochs,
+        prior=policy.prior(),
     )
     policy._network = te.est[0].network
     for t, e in zip(te.types, te.est, strict=True):

@@ -27,7 +27,7 @@ import numpy as np
 
 from hpcorch.model.throughput import Network, ThroughputModel
 from hpcorch.policy.estimate import Estimates, estimate
-from hpcorch.policy.lengths import Departed
+from hpcorch.policy.lengths import PLAIN, Departed, Prior
 from hpcorch.policy.pooling import model_keys
 from hpcorch.policy.types import CompletedJob, JobView, Snapshot, StepSample
 
@@ -247,12 +247,11 @@ def type_estimates(
     memory: dict[str, dict[str, float]] | None = None,
     departed: Departed | None = None,
     done: Mapping[str, float] | None = None,
-    censor: bool = False,
-    by_epochs: bool = False,
+    prior: Prior = PLAIN,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
     cap of a never-measured application (0: one node of the type). ``memory``: see
-    :func:`type_speeds`. ``departed``, ``done``, ``censor``, ``by_epochs``: as
+    :func:`type_speeds`. ``departed``, ``done``, ``prior``: as
     :func:`hpcorch.policy.estimate.estimate`'s
     (work counted on one GPU of speed 1).
 
@@ -278,8 +277,7 @@ def type_estimates(
             departed=departed,
             done=done,
             speed=speed[types[len(est)]],
-            censor=censor,
-            by_epochs=by_epochs,
+            prior=prior,
         )
         network = network or e.network
         # a job of unknown length was scaled to its inferred work at this type's speed
