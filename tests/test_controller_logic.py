@@ -24,7 +24,7 @@ from hpcorch.controller.store import JobRecord, StateError, Store
 from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import LaunchPlan
 from hpcorch.policy.share import SharePolicy
-from hpcorch.protocol import EXIT_STORAGE
+from hpcorch.protocol import EXIT_LAUNCH_LOST, EXIT_STORAGE
 
 
 @dataclass
@@ -550,24 +550,31 @@ def test_a_force_requeue_slurm_does_not_show_yet_is_not_repeated_every_cycle(
     assert rec is not None and rec.phase == "failed" and "contract" in rec.reason
 
 
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [(EXIT_STORAGE, "cannot be written"), (EXIT_LAUNCH_LOST, "before any task of it started")],
+)
 def test_an_unwritable_job_directory_backs_off_then_fails_with_the_reason(
-    tmp_path: Path,
+    tmp_path: Path, code: int, said: str
 ) -> None:
     """The runtime exits 74 (EXIT_STORAGE) when the job directory cannot be written: the
-    job's GPUs go back, it is retried after 2, 4, 8, 16 s, and the fifth exit fails it."""
+    job's GPUs go back, it is retried after 2, 4, 8, 16 s, and the fifth exit fails it.
+    So does a launch that ends 79 (EXIT_LAUNCH_LOST) before it reported its start: srun
+    could not start its step (slurmctld stopped or overloaded), which is no try of the
+    job's training (three slurmctld stalls made a job fail for good)."""
     c = FakeCluster()
     c.add(1, 4, 4)
     ctl = controller(tmp_path, c)
     for n in range(1, 6):
         ctl.cycle()
         assert c.state(1) == "RUNNING"
-        c.set(1, state="FAILED", exit_code=EXIT_STORAGE)
+        c.set(1, state="FAILED", exit_code=code)
         ctl.cycle()
         rec = ctl.store.job(1)
-        assert rec is not None
+        assert rec is not None and rec.failures == 0
         if n == 5:
             assert rec.phase == "failed" and c.log.count(("start", 1)) == 5
-            assert "cannot be written" in rec.reason and "gave up after 5 tries" in rec.reason
+            assert said in rec.reason and "gave up after 5 tries" in rec.reason
             return
         delay = 2.0 * 2 ** (n - 1)
         assert rec.phase == "queued" and rec.target_gpus == 0, rec.reason

@@ -10,7 +10,13 @@ from hpcorch.controller.actions import Action, Outcome, Settings
 from hpcorch.controller.actions import set_phase as _set_phase
 from hpcorch.controller.shapes import target_shape
 from hpcorch.controller.store import JobRecord
-from hpcorch.protocol import EXIT_CONFIG, EXIT_RELAUNCH, EXIT_STORAGE, EXIT_UNPLANNED
+from hpcorch.protocol import (
+    EXIT_CONFIG,
+    EXIT_LAUNCH_LOST,
+    EXIT_RELAUNCH,
+    EXIT_STORAGE,
+    EXIT_UNPLANNED,
+)
 from hpcorch.timefmt import fmt_duration
 
 LEAVING = "leaving "
@@ -77,6 +83,12 @@ def ended(
         return
     if rec.slurm_launch and not rec.ready:
         node_refused(rec, job, now, s, out)
+        return
+    if job.exit_code == EXIT_LAUNCH_LOST and not rec.ready:
+        # srun could not start its step (slurmctld stopped or overloaded): no try of its
+        # training, backed off like a failed start
+        what = f"its launch ended before any task of it started (exit {EXIT_LAUNCH_LOST})"
+        back_off(rec, now, s, out, what)
         return
     rec.failures += 1
     what = f"{job.state.lower()} with exit code {job.exit_code}"
