@@ -277,7 +277,7 @@ def test_wrapper_counts_srun_failing_before_a_task_started_as_no_result(tmp_path
     no task ran, so nothing failed in training: 79, not a failure of the job's."""
     run = _wrapper_under_fake_srun(tmp_path, rc=1, FAKE_NO_TASK="1")
     assert run.returncode == EXIT_LAUNCH_LOST, run.stderr
-    assert "srun exited 1 before a task of launch 1 started: not a result" in run.stderr
+    assert "srun exited 1, but no task of launch 1 started: not a result" in run.stderr
 
 
 def test_wrapper_stops_srun_whose_tasks_never_start(tmp_path: Path) -> None:
