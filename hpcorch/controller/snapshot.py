@@ -239,6 +239,7 @@ def job_view(
         application=model_key(rec.user, rec.app, rec.fingerprint, rec.slurm_id),
         submit_time=rec.submit_time,
         requested_gpus=req_gpus,
+        gpus_asked=bool(request and request[0]),
         requested_batch=req_batch or rec.batch,
         min_gpus=lo,
         max_gpus=max(hi, lo),

@@ -72,6 +72,7 @@ def estimate(
     explore: float = 2.0,
     gpu_cap: int = 64,
     first_gpus: int = 1,
+    first_asked: bool = False,
     network: Network | None = None,
     keys: tuple[dict[str, str], dict[str, str]] | None = None,
     departed: Departed | None = None,
@@ -82,7 +83,8 @@ def estimate(
     """Build the time/batch tables for all jobs of ``snapshot``.
 
     A job may get up to ``explore`` times the largest GPU count its application has been
-    measured on, and at least ``first_gpus`` (the cap of a never-measured application).
+    measured on, and at least ``first_gpus`` (the cap of a never-measured application;
+    with ``first_asked``, also at most the GPUs such a job asked for, where it did).
     ``network``: the seconds per gradient byte to model with (a previous round's
     ``Estimates.network``); None: learned from this round's measurements first.
     ``keys``: the pooling keys of the jobs and the completed jobs, where the caller has
@@ -134,9 +136,11 @@ def estimate(
                 samples.get(mk, ()), jobs[idx[0]].min_batch, size.get(mk, 0.0), network
             )
         cap = max(first_gpus, 1, math.ceil(explore * models[mk].max_gpus_seen))
+        unseen = first_asked and models[mk].max_gpus_seen == 0
         for i in idx:
             j = jobs[i]
-            gmax[i] = max(min(j.max_gpus, total, cap, gpu_cap), min(j.min_gpus, total))
+            c = min(cap, max(j.requested_gpus, 1)) if unseen and j.gpus_asked else cap
+            gmax[i] = max(min(j.max_gpus, total, c, gpu_cap), min(j.min_gpus, total))
     width = int(gmax.max()) + 1 if n else 1
     time = np.full((n, width), np.inf)
     batch = np.zeros((n, width), dtype=np.int64)

@@ -58,6 +58,10 @@ class OnesPolicy:
     max_job_gpus: int = 64
     first_gpus: int = 0
     """GPUs a job of a never-measured application may start with (0: one node's)."""
+    first_asked: bool = True
+    """... and no more than it asked for (``JobView.requested_gpus``, where the user said:
+    ``gpus_asked``): a one-GPU job of a kind never measured starts on one GPU, not on a
+    node it may run slower on."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 300.0
@@ -151,6 +155,7 @@ class OnesPolicy:
             explore=self.explore,
             gpu_cap=self.max_job_gpus,
             first_gpus=self.first_gpus or max(snapshot.node_gpus, default=1),
+            first_asked=self.first_asked,
             network=self._network,
             departed=self.departed(),
             done=self._work,

@@ -45,6 +45,7 @@ class TypedSearch(Protocol):
     explore: float
     max_job_gpus: int
     first_gpus: int
+    first_asked: bool
     min_resize_s: float
     probe: bool
     probe_hold_s: float
@@ -93,6 +94,7 @@ def schedule_types(policy: TypedSearch, snapshot: Snapshot) -> Plan:
         explore=policy.explore,
         gpu_cap=policy.max_job_gpus,
         first_gpus=policy.first_gpus,
+        first_asked=policy.first_asked,
         network=policy._network,
         memory=policy._type_speeds,
         departed=policy.departed(),

@@ -243,6 +243,7 @@ def type_estimates(
     explore: float = 4.0,
     gpu_cap: int = 64,
     first_gpus: int = 0,
+    first_asked: bool = False,
     network: Network | None = None,
     memory: dict[str, dict[str, float]] | None = None,
     departed: Departed | None = None,
@@ -250,7 +251,8 @@ def type_estimates(
     prior: Prior = PLAIN,
 ) -> TypedEstimates:
     """:func:`hpcorch.policy.estimate.estimate` on every type's view. ``first_gpus``: the
-    cap of a never-measured application (0: one node of the type). ``memory``: see
+    cap of a never-measured application (0: one node of the type); ``first_asked``: as
+    :func:`hpcorch.policy.estimate.estimate`'s. ``memory``: see
     :func:`type_speeds`. ``departed``, ``done``, ``prior``: as
     :func:`hpcorch.policy.estimate.estimate`'s
     (work counted on one GPU of speed 1).
@@ -272,6 +274,7 @@ def type_estimates(
             explore=explore,
             gpu_cap=gpu_cap,
             first_gpus=first_gpus or max(view.node_gpus, default=1),
+            first_asked=first_asked,
             network=network,
             keys=keys,
             departed=departed,

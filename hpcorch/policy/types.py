@@ -71,6 +71,9 @@ class JobView:
     """Epochs the user asked for."""
     progress_per_epoch_hint: float
     """One pass over the job's data in progress units (samples / initial batch)."""
+    gpus_asked: bool = True
+    """False where the user did not say how many GPUs they want: ``requested_gpus`` is then
+    the job's minimum, a default rather than a request."""
     length_known: bool = True
     """False while neither the user nor the job has told its length (epochs, dataset
     size): ``max_epochs`` and ``progress_per_epoch_hint`` are then placeholders, and the

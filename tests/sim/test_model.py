@@ -8,6 +8,7 @@ import pytest
 from hpcorch.model.convergence import forecast_noise, gain
 from hpcorch.model.throughput import ThroughputModel
 from hpcorch.policy.estimate import estimate
+from hpcorch.policy.ones import OnesPolicy
 from hpcorch.policy.types import JobView, Snapshot, StepSample
 from hpcorch.sim.traces import AppTrace
 
@@ -89,3 +90,59 @@ def test_never_measured_application_may_start_on_first_gpus() -> None:
     measured = JobView(**{**job.__dict__, "profile": (StepSample(1, 2, 16, 0.1, 0.01),)})
     snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(measured,))
     assert estimate(snap, explore=4.0, first_gpus=4).gmax[0] == 8
+
+
+def test_a_never_measured_job_starts_on_no_more_gpus_than_it_asked_for() -> None:
+    """``first_asked``: one node's GPUs is only a cap; a one-GPU job of a kind never
+    measured (ncf in the bundled workloads, which runs slower on a node than on one GPU)
+    starts on one, and a job that asked for more is still capped at one node."""
+    base = dict(
+        application="new",
+        submit_time=0.0,
+        requested_batch=32,
+        min_gpus=1,
+        max_gpus=16,
+        min_batch=32,
+        max_batch=1024,
+        min_micro_batch=8,
+        max_micro_batch=128,
+        max_epochs=10,
+        progress_per_epoch_hint=100.0,
+    )
+    one = JobView(job_id="one", requested_gpus=1, **base)  # type: ignore[arg-type]
+    many = JobView(job_id="many", requested_gpus=12, **base)  # type: ignore[arg-type]
+    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(one, many))
+    assert list(estimate(snap, explore=4.0, first_gpus=4).gmax) == [4, 4]
+    assert list(estimate(snap, explore=4.0, first_gpus=4, first_asked=True).gmax) == [1, 4]
+    plan = OnesPolicy(seed=0).schedule(snap).by_id()
+    assert plan["one"].gpus == 1
+    assert plan["many"].gpus == 4
+    assert OnesPolicy(seed=0, first_asked=False).schedule(snap).by_id()["one"].gpus == 4
+    # a job whose user did not say (its request is its minimum, a default) keeps the node
+    unsaid = JobView(**{**one.__dict__, "gpus_asked": False})
+    snap_unsaid = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(unsaid,))
+    assert estimate(snap_unsaid, explore=4.0, first_gpus=4, first_asked=True).gmax[0] == 4
+    # once its kind is measured, exploration decides, not the request
+    measured = JobView(**{**one.__dict__, "profile": (StepSample(1, 1, 16, 0.1, 0.0),)})
+    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(measured,))
+    assert estimate(snap, explore=4.0, first_gpus=4, first_asked=True).gmax[0] == 4
+
+
+@pytest.mark.parametrize(
+    ("request_", "asked", "gpus"), [(None, False, 1), ((2, 0), True, 2), ((0, 256), False, 1)]
+)
+def test_the_controller_shows_whether_the_user_asked_for_a_gpu_count(
+    request_: tuple[int, int] | None, asked: bool, gpus: int
+) -> None:
+    """Only a ``req`` tag is a request; without one the job's minimum stands in, and a new
+    job is not held to it (it starts on a node, as before ``first_asked``)."""
+    from hpcorch.controller.snapshot import job_view
+    from hpcorch.controller.store import JobRecord
+
+    rec = JobRecord(
+        slurm_id=7, job_key="j7", name="j", user="u", job_dir="", app="a", min_gpus=1,
+        max_gpus=8, batch=64, max_batch=1024, max_micro=64, submit_time=0.0, phase="pending",
+        phase_since=0.0,
+    )  # fmt: skip
+    view = job_view(rec, (), {"n1": 0, "n2": 1}, 8, None, request_)
+    assert (view.gpus_asked, view.requested_gpus) == (asked, gpus)
