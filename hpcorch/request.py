@@ -176,6 +176,7 @@ def build_request(
     *,
     min_gpus: int,
     max_gpus: int | None = None,
+    gpus: int | None = None,
     batch_size: int | None = None,
     max_batch_size: int | None = None,
     time_limit: str | None = None,
@@ -217,6 +218,9 @@ def build_request(
     hi = _count(max_gpus, "--max-gpus") or lo
     if hi < lo:
         raise RequestError(f"--min-gpus {lo} is above --max-gpus {hi}")
+    asked = _count(gpus, "--gpus")
+    if asked is not None and not lo <= asked <= hi:
+        raise RequestError(f"--gpus {asked} is outside --min-gpus {lo} .. --max-gpus {hi}")
     batch = _count(batch_size, "--batch-size")
     max_batch = _count(max_batch_size, "--max-batch-size")
     if batch and max_batch and max_batch < batch:
@@ -279,6 +283,7 @@ def build_request(
         script_args=tuple(script_args),
         min_gpus=lo,
         max_gpus=hi,
+        gpus=asked,
         name=name,
         batch_size=batch,
         max_batch_size=max_batch,

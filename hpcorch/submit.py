@@ -49,6 +49,9 @@ class SubmitRequest:
     min_gpus: int
     max_gpus: int
     name: str
+    gpus: int | None = None
+    """The GPUs the user asked for (None: did not say): straight to Slurm the job runs on
+    them; in a pool, a job of a kind not measured yet starts on no more than them."""
     batch_size: int | None = None
     max_batch_size: int | None = None
     time_limit: str | None = None
@@ -184,7 +187,8 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         )
     max_gpus = min(req.max_gpus, shape.gpus)
     try:
-        nodes, per_node = choose_shape(req.min_gpus, shape.gpus_per_node, shape.nodes)
+        start = req.min_gpus if req.pool else min(req.gpus or req.min_gpus, max_gpus)
+        nodes, per_node = choose_shape(start, shape.gpus_per_node, shape.nodes)
     except SpecError as exc:
         raise SubmitError(str(exc)) from exc
     cpus = req.cpus_per_gpu or max(1, shape.cpus_per_node // shape.gpus_per_node)
@@ -197,6 +201,7 @@ def build_spec(req: SubmitRequest, shape: PoolShape, job_key: str, job_dir: Path
         gpus_per_node=per_node,
         min_gpus=req.min_gpus,
         max_gpus=max_gpus,
+        requested_gpus=req.gpus,
         job_dir=str(job_dir),
         wrapper=str(wrapper_path()),
         cpus_per_gpu=cpus,

@@ -115,6 +115,13 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--min-gpus", type=params.Integer(1, 1_000_000), help="Fewest GPUs (required).")
 @click.option("--max-gpus", type=params.Integer(1, 1_000_000), help="Most GPUs [default: min].")
 @click.option(
+    "--gpus",
+    type=params.Integer(1, 1_000_000),
+    help="GPUs you ask for, within --min-gpus..--max-gpus: straight to Slurm the job runs on "
+    "them; in a pool a job of a kind not measured yet starts on no more than them "
+    "[default: not said; straight to Slurm, --min-gpus].",
+)
+@click.option(
     "--batch-size",
     type=params.Integer(1, 1_000_000),
     help="Global batch size to start with.",

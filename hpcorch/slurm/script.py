@@ -107,6 +107,8 @@ class JobSpec:
     max_gpus: int
     job_dir: str
     wrapper: str
+    requested_gpus: int | None = None
+    """The GPUs the user asked for (``--gpus``; None: did not say): the comment's ``req``."""
     cpus_per_gpu: int = 1
     global_batch: int | None = None
     max_global_batch: int | None = None
@@ -155,6 +157,8 @@ class JobSpec:
     def comment(self) -> str:
         """The Slurm comment that marks the job as hpcorch's and carries its bounds."""
         parts = [f"id={self.job_key}", f"min={self.min_gpus}", f"max={self.max_gpus}"]
+        if self.requested_gpus:
+            parts.append(f"req={self.requested_gpus}")
         if self.global_batch:
             parts.append(f"batch={self.global_batch}")
         if self.max_global_batch:
