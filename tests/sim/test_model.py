@@ -65,12 +65,13 @@ def test_noise_forecast_grows_and_follows_history() -> None:
     assert np.allclose(g, ref[4:])
 
 
-def test_never_measured_application_may_start_on_first_gpus() -> None:
-    job = JobView(
-        job_id="a",
+def _new_job(job_id: str = "a", requested_gpus: int = 1) -> JobView:
+    """A job of a kind never measured, 1..16 GPUs."""
+    return JobView(
+        job_id=job_id,
         application="new",
         submit_time=0.0,
-        requested_gpus=1,
+        requested_gpus=requested_gpus,
         requested_batch=32,
         min_gpus=1,
         max_gpus=16,
@@ -81,6 +82,10 @@ def test_never_measured_application_may_start_on_first_gpus() -> None:
         max_epochs=10,
         progress_per_epoch_hint=100.0,
     )
+
+
+def test_never_measured_application_may_start_on_first_gpus() -> None:
+    job = _new_job()
     snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(job,))
     assert estimate(snap, explore=4.0).gmax[0] == 1
     est = estimate(snap, explore=4.0, first_gpus=4)
@@ -96,21 +101,7 @@ def test_a_never_measured_job_starts_on_no_more_gpus_than_it_asked_for() -> None
     """``first_asked``: one node's GPUs is only a cap; a one-GPU job of a kind never
     measured (ncf in the bundled workloads, which runs slower on a node than on one GPU)
     starts on one, and a job that asked for more is still capped at one node."""
-    base = dict(
-        application="new",
-        submit_time=0.0,
-        requested_batch=32,
-        min_gpus=1,
-        max_gpus=16,
-        min_batch=32,
-        max_batch=1024,
-        min_micro_batch=8,
-        max_micro_batch=128,
-        max_epochs=10,
-        progress_per_epoch_hint=100.0,
-    )
-    one = JobView(job_id="one", requested_gpus=1, **base)  # type: ignore[arg-type]
-    many = JobView(job_id="many", requested_gpus=12, **base)  # type: ignore[arg-type]
+    one, many = _new_job("one", 1), _new_job("many", 12)
     snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(one, many))
     assert list(estimate(snap, explore=4.0, first_gpus=4).gmax) == [4, 4]
     assert list(estimate(snap, explore=4.0, first_gpus=4, first_asked=True).gmax) == [1, 4]
