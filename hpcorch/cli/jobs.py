@@ -118,8 +118,8 @@ def slurm_options(f: Callable[..., Any]) -> Callable[..., Any]:
     "--gpus",
     type=params.Integer(1, 1_000_000),
     help="GPUs you ask for, within --min-gpus..--max-gpus: straight to Slurm the job runs on "
-    "them; in a pool a job of a kind not measured yet starts on no more than them "
-    "[default: not said; straight to Slurm, --min-gpus].",
+    "them; in a pool, asked for 1, a job of a kind not measured yet starts on one GPU, not "
+    "on a node [default: not said; straight to Slurm, --min-gpus].",
 )
 @click.option(
     "--batch-size",

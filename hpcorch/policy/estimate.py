@@ -84,7 +84,7 @@ def estimate(
 
     A job may get up to ``explore`` times the largest GPU count its application has been
     measured on, and at least ``first_gpus`` (the cap of a never-measured application;
-    with ``first_asked``, also at most the GPUs such a job asked for, where it did).
+    with ``first_asked``, one GPU for such a job whose user asked for one).
     ``network``: the seconds per gradient byte to model with (a previous round's
     ``Estimates.network``); None: learned from this round's measurements first.
     ``keys``: the pooling keys of the jobs and the completed jobs, where the caller has
@@ -139,7 +139,7 @@ def estimate(
         unseen = first_asked and models[mk].max_gpus_seen == 0
         for i in idx:
             j = jobs[i]
-            c = min(cap, max(j.requested_gpus, 1)) if unseen and j.gpus_asked else cap
+            c = 1 if unseen and j.gpus_asked and j.requested_gpus <= 1 else cap
             gmax[i] = max(min(j.max_gpus, total, c, gpu_cap), min(j.min_gpus, total))
     width = int(gmax.max()) + 1 if n else 1
     time = np.full((n, width), np.inf)

@@ -59,9 +59,10 @@ class OnesPolicy:
     first_gpus: int = 0
     """GPUs a job of a never-measured application may start with (0: one node's)."""
     first_asked: bool = True
-    """... and no more than it asked for (``JobView.requested_gpus``, where the user said:
-    ``gpus_asked``): a one-GPU job of a kind never measured starts on one GPU, not on a
-    node it may run slower on."""
+    """... but a job whose user asked for one GPU (``JobView.requested_gpus`` 1, and
+    ``gpus_asked``) starts on one: one GPU runs no all-reduce, and a model its user runs on
+    one may run slower on a node (ncf: about 3x). A larger ask caps nothing: between one
+    node's GPUs and the GPUs asked for, the node measured better (Sia's simulator)."""
     hysteresis: float = 0.1
     """A running job is resized only if it then finishes this fraction sooner."""
     min_resize_s: float = 300.0

@@ -97,14 +97,14 @@ def test_never_measured_application_may_start_on_first_gpus() -> None:
     assert estimate(snap, explore=4.0, first_gpus=4).gmax[0] == 8
 
 
-def test_a_never_measured_job_starts_on_no_more_gpus_than_it_asked_for() -> None:
-    """``first_asked``: one node's GPUs is only a cap; a one-GPU job of a kind never
-    measured (ncf in the bundled workloads, which runs slower on a node than on one GPU)
-    starts on one, and a job that asked for more is still capped at one node."""
-    one, many = _new_job("one", 1), _new_job("many", 12)
-    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(one, many))
-    assert list(estimate(snap, explore=4.0, first_gpus=4).gmax) == [4, 4]
-    assert list(estimate(snap, explore=4.0, first_gpus=4, first_asked=True).gmax) == [1, 4]
+def test_a_never_measured_job_that_asked_for_one_gpu_starts_on_one() -> None:
+    """``first_asked``: a one-GPU job of a kind never measured (ncf in the bundled
+    workloads, which runs slower on a node than on one GPU) starts on one; a job that asked
+    for more, fewer than a node's or more, may start on one node."""
+    one, two, many = _new_job("one", 1), _new_job("two", 2), _new_job("many", 12)
+    snap = Snapshot(now=60.0, node_gpus=(4, 4, 4), jobs=(one, two, many))
+    assert list(estimate(snap, explore=4.0, first_gpus=4).gmax) == [4, 4, 4]
+    assert list(estimate(snap, explore=4.0, first_gpus=4, first_asked=True).gmax) == [1, 4, 4]
     plan = OnesPolicy(seed=0).schedule(snap).by_id()
     assert plan["one"].gpus == 1
     assert plan["many"].gpus == 4
