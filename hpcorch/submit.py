@@ -51,7 +51,8 @@ class SubmitRequest:
     name: str
     gpus: int | None = None
     """The GPUs the user asked for (None: did not say): straight to Slurm the job runs on
-    them; in a pool, a job of a kind not measured yet starts on no more than them."""
+    them; in a pool they are the comment's ``req`` (asked for 1, a job of a kind not
+    measured yet starts on one GPU)."""
     batch_size: int | None = None
     max_batch_size: int | None = None
     time_limit: str | None = None
