@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -192,3 +193,20 @@ def test_submit_wait_exits_with_the_jobs_code_and_status_errs_as_squeue(
     assert gone.returncode == 1 and "invalid job id(s): 4000000" in gone.stderr
     nobody = slurm_pool.hpcorch("status", "-u", "nosuchuser-hpc", check=False)
     assert nobody.returncode == 2 and "invalid user: nosuchuser-hpc" in nobody.stderr
+
+
+def test_straight_to_slurm_a_job_runs_on_the_gpus_it_asked_for(slurm_pool: Pool) -> None:
+    """``--gpus 3`` within 1..4: Slurm holds 3 GPUs on one node, DDP runs 3 ranks, and the
+    comment carries the request (``req=3``) for a pool's controller."""
+    out = slurm_pool.hpcorch(
+        "submit", "--min-gpus", "1", "--max-gpus", "4", "--gpus", "3", "--batch-size", "48",
+        "--parsable", str(EXAMPLE), "--epochs", "1",
+    )  # fmt: skip
+    job_id = int(out.stdout.strip())
+    assert slurm_pool.wait_state(job_id, {"COMPLETED", "FAILED"}, timeout=120) == "COMPLETED"
+    shown = slurm_pool.run("scontrol", "show", "job", str(job_id)).stdout
+    assert "NumNodes=1 " in shown and "NumCPUs=6 " in shown, shown  # 2 CPUs per GPU here
+    assert re.search(r"TresPerNode=gres[:/]gpu:3\b", shown), shown  # 25.11: gres/gpu:3
+    assert "req=3" in shown
+    result = json.loads((job_dir_of(slurm_pool, job_id) / "result.json").read_text())
+    assert result["world_size"] == 3
