@@ -70,6 +70,12 @@ def test_an_overloaded_slurmctld_costs_no_job_and_no_second_launch(tmp_path: Pat
             said = inc["controller_lines"]
             begun = [ln for ln in said if "Slurm does not answer" in ln]
             over = [ln for ln in said if "Slurm answers again after" in ln]
+            if inc["seconds"] < 60 and not begun:
+                # A call begun as the stop began waits out the client's retries (up to
+                # 20 s) and then gets its answer: a 30 s stop may be seen as slow answers
+                # rather than none. Either way: one line when it begins, one when it ends.
+                begun = [ln for ln in said if "Slurm answers slowly" in ln]
+                over = [ln for ln in said if "Slurm answers promptly again after" in ln]
             assert len(begun) == 1 and len(over) == 1, said
         long_stop = next(p for p in doc["rpc_phases"] if "for 120 s" in p["phase"])
         # one ping every 10 s while it did not answer, then ordinary cycles: no storm
