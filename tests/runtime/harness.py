@@ -45,6 +45,17 @@ class Run:
     def wait(self, timeout: float = 300) -> list[int]:
         return [p.wait(timeout=timeout) for p in self.procs]
 
+    def finished(self, job_dir: Path, timeout: float = 300) -> list[int]:
+        """The ranks' exit codes as the job wrapper counts them: once the job's ``done``
+        event says training finished, a rank that then died in C++ teardown (SIGABRT:
+        gloo's threads at exit, "terminate called without an active exception") counts as
+        finished (0), as ``jobscripts/hpcorch-run.sbatch`` counts it."""
+        codes = self.wait(timeout)
+        if not events(job_dir, "done"):
+            return codes
+        aborted = (-signal.SIGABRT, 128 + signal.SIGABRT)
+        return [0 if c in aborted else c for c in codes]
+
     def stderr(self) -> str:
         return "".join(p.stderr.read() if p.stderr else "" for p in self.procs)
 

@@ -165,8 +165,9 @@ def test_truncated_newest_checkpoint_resumes_from_the_previous(tmp_path: Path) -
     (older_step, older), (newest_step, newest) = complete[-2:]
     newest.write_bytes(newest.read_bytes()[:1000])  # truncated by a failing disk
     resumed = launch(1, jd, ARGS)
-    assert resumed.wait() == [EXIT_DONE]
+    codes = resumed.finished(jd)
     err = resumed.stderr()
+    assert codes == [EXIT_DONE], err
     assert "Traceback" not in err
     assert f"{newest.name} is truncated or corrupt" in err and "skipped" in err, err
     assert f"resuming from the newest checkpoint that loads, {older}" in err, err

@@ -38,7 +38,7 @@ def test_signal_to_one_rank_stops_all_then_resume_on_one(tmp_path: Path) -> None
     (stop,) = events(jd, "checkpoint")
     assert stop["reason"] == "signal" and events(jd, "exit")[0]["code"] == EXIT_RELAUNCH
     one = launch(1, jd, [*ARGS, *rec])
-    assert one.wait() == [EXIT_DONE], one.stderr()
+    assert one.finished(jd) == [EXIT_DONE], one.stderr()
     start = events(jd, "start")[-1]
     assert (start["step"], start["gpus"], start["resumed"]) == (stop["step"], 1, True)
     assert start["global_batch"] == 48 and start["accum_steps"] == 6
