@@ -11,6 +11,7 @@ import os
 import random
 import re
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,19 @@ def prune(directory: Path, keep: int, current: Path) -> None:
 
 
 def load(path: Path, job_id: str | None) -> dict[str, Any]:
-    """Read and validate a checkpoint; :class:`CheckpointError` names the problem."""
+    """Read and validate a checkpoint; :class:`CheckpointError` names the problem.
+
+    Its zip directory (at the end of the file) is read first, in Python: a file cut short
+    by a failing disk is refused before torch's C++ reader sees it, which has aborted the
+    process on damaged archives (a second exception while unwinding the first)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.infolist()
+    except FileNotFoundError:
+        raise CorruptCheckpoint(f"checkpoint {path} does not exist") from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt ({first})") from e
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:

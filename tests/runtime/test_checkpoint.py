@@ -64,6 +64,28 @@ def test_bad_checkpoints_name_the_problem(tmp_path: Path, make, message: str) ->
     assert path.read_bytes() == before
 
 
+@pytest.mark.parametrize("keep", [200, 1000, -22, -1])
+def test_a_truncated_checkpoint_is_refused_before_torch_reads_it(
+    tmp_path: Path, keep: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's C++ reader has aborted the process on damaged archives (SIGABRT from a
+    second exception while unwinding the first); a file whose end is missing is refused
+    from its zip directory alone, in Python, and the job goes on to an older one."""
+    path = ckpt.checkpoint_path(tmp_path, 1)
+    path.write_bytes(ckpt_bytes()[:keep])
+
+    read: list[object] = []
+
+    def no_torch(*a: object, **_k: object) -> None:
+        read.append(a[0])
+        raise RuntimeError("PytorchStreamReader failed")
+
+    monkeypatch.setattr(torch, "load", no_torch)
+    with pytest.raises(ckpt.CorruptCheckpoint, match="truncated or corrupt"):
+        ckpt.load(path, "j1")
+    assert read == [], "torch.load was called on a truncated checkpoint"
+
+
 def ckpt_bytes() -> bytes:
     import io
 
