@@ -170,6 +170,16 @@ class Job:
                 raise TimeoutError(f"job {self.job_id} still running after {timeout} s")
             time.sleep(0.2)
 
+    def finished(self, job_dir: Path, timeout: float = 180) -> int:
+        """The job's exit code as the job wrapper counts a launch (see
+        :meth:`Run.finished`): a task that died by SIGABRT in C++ teardown (srun's exit
+        code 134) after the job's ``done`` event counts as finished (0). For the jobs run
+        without the wrapper (a bare srun), which have no such rule of their own."""
+        code = self.wait(timeout)
+        if code == 128 + signal.SIGABRT and events(job_dir, "done"):
+            return 0
+        return code
+
     def output(self) -> str:
         return self.out.read_text() if self.out.exists() else ""
 

@@ -133,7 +133,7 @@ def test_launch_paths_under_srun_on_two_nodes(runtime_pool: dict[str, str], tmp_
     }  # fmt: skip
     launcher = {"wrapper-mpi": "mpi", "srun-pmix": "mpi", "srun": "slurm"}
     for name, job in jobs.items():
-        assert job.wait() == EXIT_DONE, (name, job.output())
+        assert job.finished(tmp_path / name) == EXIT_DONE, (name, job.output())
         start = events(tmp_path / name, "start")[0]
         assert (start["launcher"], start["gpus"]) == (launcher[name], 2), name
         assert events(tmp_path / name, "done"), name
