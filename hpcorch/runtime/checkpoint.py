@@ -163,12 +163,6 @@ def load(path: Path, job_id: str | None) -> dict[str, Any]:
     try:
         with zipfile.ZipFile(path) as archive:
             archive.infolist()
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"checkpoint {path} does not exist") from None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CorruptCheckpoint(f"checkpoint {path} is truncated or corrupt ({first})") from e
-    try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CorruptCheckpoint(f"checkpoint {path} does not exist") from None
