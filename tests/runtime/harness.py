@@ -50,11 +50,7 @@ class Run:
         event says training finished, a rank that then died in C++ teardown (SIGABRT:
         gloo's threads at exit, "terminate called without an active exception") counts as
         finished (0), as ``jobscripts/hpcorch-run.sbatch`` counts it."""
-        codes = self.wait(timeout)
-        if not events(job_dir, "done"):
-            return codes
-        aborted = (-signal.SIGABRT, 128 + signal.SIGABRT)
-        return [0 if c in aborted else c for c in codes]
+        return counted(self.wait(timeout), job_dir)
 
     def stderr(self) -> str:
         return "".join(p.stderr.read() if p.stderr else "" for p in self.procs)
@@ -95,6 +91,15 @@ def launch(
             )
         )
     return Run(procs)
+
+
+def counted(codes: list[int], job_dir: Path) -> list[int]:
+    """Exit codes as the job wrapper counts them: after the job's ``done`` event, a SIGABRT
+    (-6 from Python's view of a process, 134 from a shell's or srun's) counts as 0."""
+    if not events(job_dir, "done"):
+        return codes
+    aborted = (-signal.SIGABRT, 128 + signal.SIGABRT)
+    return [0 if c in aborted else c for c in codes]
 
 
 def events(job_dir: Path, kind: str | None = None) -> list[dict[str, object]]:
@@ -175,10 +180,7 @@ class Job:
         :meth:`Run.finished`): a task that died by SIGABRT in C++ teardown (srun's exit
         code 134) after the job's ``done`` event counts as finished (0). For the jobs run
         without the wrapper (a bare srun), which have no such rule of their own."""
-        code = self.wait(timeout)
-        if code == 128 + signal.SIGABRT and events(job_dir, "done"):
-            return 0
-        return code
+        return counted([self.wait(timeout)], job_dir)[0]
 
     def output(self) -> str:
         return self.out.read_text() if self.out.exists() else ""
