@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from hpcorch import fnjob
 from hpcorch.apibase import JobError, check_options, function_payload, job_name_of, name_chars
 from hpcorch.errors import HpcorchError
 from hpcorch.paths import jobs_dir
+from hpcorch.ports import free_port
 from hpcorch.request import RequestError
 
 OUTPUT = "output.log"
@@ -134,7 +134,7 @@ class LocalExecutor:
             "WORLD_SIZE": "1",
             "LOCAL_WORLD_SIZE": "1",
             "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(_free_port()),
+            "MASTER_PORT": str(free_port()),
             "HPCORCH_JOB_DIR": str(job_dir),
         }
         with out:
@@ -142,9 +142,3 @@ class LocalExecutor:
                 argv, env=dict(env), cwd=os.getcwd(), stdout=out, stderr=subprocess.STDOUT
             )
         return LocalJob(proc, job_dir, function)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

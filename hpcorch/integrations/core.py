@@ -26,9 +26,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hpcorch.integrations.layout import Position, StepSpan, spans
 from hpcorch.planner import BatchPlan, BatchPlanError, plan_batch
+from hpcorch.ports import free_port
 from hpcorch.protocol import ENV_GLOBAL_BATCH
 from hpcorch.runtime.config import Settings, settings_or_exit
-from hpcorch.runtime.dist import DistInfo, destroy_process_group, free_port
+from hpcorch.runtime.dist import DistInfo, destroy_process_group
 from hpcorch.runtime.gns import NoiseScale
 from hpcorch.runtime.launch import Agreement, Launch
 from hpcorch.runtime.lr import LrFactor

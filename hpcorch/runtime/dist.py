@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from hpcorch import hostlist
+from hpcorch.ports import free_port
 from hpcorch.protocol import ENV_LAUNCHER
 
 LAUNCHERS = ("auto", "env", "slurm", "mpi")
@@ -149,13 +150,6 @@ def _first_node_addr(nodelist: str) -> str:
         return socket.gethostbyname(first)
     except (OSError, subprocess.CalledProcessError, hostlist.HostlistError) as e:
         raise LaunchError(f"cannot find the address of the first node of {nodelist!r}: {e}") from e
-
-
-def free_port(addr: str) -> int:
-    """A TCP port that is free on ``addr`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((addr if addr != "localhost" else "127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _own_addr() -> str:
