@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +36,24 @@ def _starts(decisions: list[dict[str, Any]], jid: int) -> list[float]:
     )
 
 
+def overlap(a: float, b: float, windows: Sequence[tuple[float, float]]) -> float:
+    """Seconds of ``[a, b]`` inside ``windows`` (disjoint)."""
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for lo, hi in windows)
+
+
 def planned_waits(
-    decisions: list[dict[str, Any]], running: dict[int, list[float]], end: float
+    decisions: list[dict[str, Any]],
+    running: dict[int, list[float]],
+    end: float,
+    paused: Sequence[tuple[float, float]] = (),
 ) -> list[tuple[float, int]]:
     """(seconds, job) for each launch the controller released: how long it stayed pending
     in Slurm, to the first time it was seen running after the release (``running``), else
     to the controller's next decision on the job (a launch held again and planned afresh).
     A launch seen running after its decision but before the decision was stored (the end
     of a cycle whose many Slurm calls took seconds: a short job can start and end
-    meanwhile) waited 0 s, not until the next decision."""
+    meanwhile) waited 0 s, not until the next decision. The seconds inside ``paused``
+    (slurmctld stopped: nothing can start) are not counted."""
     waits = []
     for jid in {int(d["slurm_id"]) for d in decisions}:
         mine = sorted(
@@ -57,7 +67,8 @@ def planned_waits(
                 continue
             nxt = mine[k + 1][0] if k + 1 < len(mine) else end
             ran = next((r for r in seen if r >= min(t, decided) - 1.0), None)
-            waits.append((max(0.0, (min(ran, nxt) if ran is not None else nxt) - t), jid))
+            until = min(ran, nxt) if ran is not None else nxt
+            waits.append((max(0.0, until - t - overlap(t, until, paused)), jid))
     return waits
 
 
@@ -67,11 +78,13 @@ def real_summary(
     ids: list[int],
     running: dict[int, list[float]],
     pool_gpus: int = POOL_GPUS,
+    paused: Sequence[tuple[float, float]] = (),
 ) -> dict[str, Any]:
     """avg and p99 JCT, makespan (from the replay's start), restarts per job (launches - 1),
     GPU utilisation (GPU-seconds held over the pool's ``pool_gpus`` from the first arrival
     to the last completion) and the longest planned launch's wait in Slurm, as the
-    simulator's."""
+    simulator's; with ``paused`` (the windows slurmctld was stopped), also the longest
+    wait outside them."""
     jobs = [j for j in _rows(state_db, "SELECT * FROM jobs") if int(j["slurm_id"]) in ids]
     names = {int(j["slurm_id"]): str(j["name"]) for j in jobs}
     decisions = _rows(state_db, "SELECT * FROM decisions")
@@ -102,6 +115,9 @@ def real_summary(
         "gpu_utilisation": float(used / (span * pool_gpus)),
         "max_wait_planned_s": round(max((w for w, _ in waits), default=0.0), 1),
         "longest_planned_waits": [[name, round(w, 1)] for w, name in longest],
+        "max_wait_planned_outside_stops_s": round(
+            max((w for w, _ in planned_waits(decisions, ran, max(ends), paused)), default=0.0), 1
+        ),
         "launches": int(sum(int(j["launches"]) for j in jobs)),
         "resizes": int(sum(int(j["resizes"]) for j in jobs)),
         # cycles in which the controller's view of a node's GPUs was not Slurm's

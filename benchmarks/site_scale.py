@@ -298,7 +298,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        capture_output=True, check=False)  # fmt: skip
     db = s.state / "state.db"
     order = list(ids.values())
-    real = real_summary(db, t0, order, watch.running, pool_gpus)
+    stops = [(i.start, i.end) for i in incidents if i.start and i.kind == "stop"]
+    real = real_summary(db, t0, order, watch.running, pool_gpus, paused=stops)
     store_phase = phases(db)
     real["jobs_completed"] = sum(
         1
@@ -328,6 +329,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "jobs_completed": real["jobs_completed"],
         "jobs_lost": real["jobs_lost"],
         "max_wait_planned_s": real["max_wait_planned_s"],
+        "max_wait_planned_outside_stops_s": real["max_wait_planned_outside_stops_s"],
         "gpu_view_mismatches": real["gpu_view_mismatches"],
         "max_active_jobs": max((int(c["jobs"]) for c in cycles), default=0),
         "real": real,
