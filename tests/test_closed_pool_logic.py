@@ -291,3 +291,27 @@ def test_a_new_difference_on_a_node_is_not_the_old_one_lasting() -> None:
     for t in (220.0, 250.0):  # 2 GPUs in use that no job of the controller holds: lasting
         guard.gpu_view([PoolNode("n2", 8, 6, True)], [job], t)
     assert guard.view_mismatches == 1
+
+
+def test_another_end_of_the_same_size_on_a_busy_node_is_not_the_old_one_lasting() -> None:
+    """Slurm 22.05 site run: cycles 12 s apart on a node of 1-GPU jobs, each catching
+    another job's end between Slurm's two reads (one GPU fewer in use than held, both
+    times). The jobs held there changed between the two views: not one difference lasting."""
+    guard = PoolGuard(lambda m: None)
+
+    def one(jid: int) -> JobRecord:
+        return JobRecord(
+            jid, "k", "a", "alice", "/d", "", 1, 4, 32, 32, 32, 0.0, "running", 0.0,
+            gpus=1, nodes=1, node_list="n2", node_gpus="1",
+        )  # fmt: skip
+
+    jobs = {j: one(j) for j in range(1, 9)}
+    # 8 held; job 8's end already freed its GPU in Slurm's view of the node
+    guard.gpu_view([PoolNode("n2", 8, 7, True)], list(jobs.values()), 100.0)
+    del jobs[8]
+    jobs[9] = one(9)  # a launch took its place; job 1 ends between the next two reads
+    guard.gpu_view([PoolNode("n2", 8, 7, True)], list(jobs.values()), 112.0)
+    assert guard.view_mismatches == 0
+    # the same jobs, the same difference, for the grace: counted
+    guard.gpu_view([PoolNode("n2", 8, 7, True)], list(jobs.values()), 124.0)
+    assert guard.view_mismatches == 1

@@ -32,9 +32,9 @@ class PoolGuard:
         """Cycles in which the GPUs in use on a node differed from what the controller's
         jobs hold there (stored as the meta key ``gpu_view_mismatches``)."""
         self._view_said: str = ""
-        self._view_since: dict[str, tuple[int, float]] = {}
-        """Each differing node's difference (GPUs in use less those held) and since when it
-        has been that, without a break."""
+        self._view_since: dict[str, tuple[tuple[int, frozenset[int]], float]] = {}
+        """Each differing node's difference (GPUs in use less those held, and the jobs of
+        the controller held there) and since when it has been that, without a break."""
         self.admin_holds: bool | None = None
         """Whether the controller's holds are admin holds a user cannot release (None: not
         seen yet; False: Slurm records them as user holds, the controller is no operator)."""
@@ -107,24 +107,30 @@ class PoolGuard:
         not have free (a launch left pending) or leaves free ones idle: counted, and said
         once per distinct difference. Slurm's jobs and nodes are read by two commands, and a
         job that ended holds its GPUs while its node completes it (seconds): a node counts
-        once one difference (its GPUs in use less those held) has lasted ``VIEW_GRACE_S``
-        without a break (a busy node seen at cycles far apart, each catching another launch
-        or end between the two reads, has a new difference each time, not a lasting one). A
+        once one difference (its GPUs in use less those held, with the same jobs of the
+        controller held there) has lasted ``VIEW_GRACE_S`` without a break (a busy node seen
+        at cycles far apart, each catching another launch or end between the two reads, has
+        a new difference each time, not a lasting one, even when it is of the same size). A
         job Slurm shows completing (``completing``: job ids) may or may not hold its GPUs in
         Slurm's view of its nodes (Slurm 22.05 frees them as the job ends, before its nodes
         have completed it, which takes long when slurmctld is busy): either count agrees."""
         index = {n.name: i for i, n in enumerate(nodes)}
         held = [n.gpus_foreign for n in nodes]
         ending = [0] * len(nodes)
+        ids: list[set[int]] = [set() for _ in nodes]
         for rec in records:
             if rec.phase in ("running", "stopping"):
                 for i, g in placement_of(rec, index).items():
                     held[i] += g
+                    ids[i].add(rec.slurm_id)
                     if rec.slurm_id in completing:
                         ending[i] += g
         differs = {
-            n.name: (n.gpus_used - h, f"{n.name} {n.gpus_used} in use, {h} held by its jobs")
-            for n, h, e in zip(nodes, held, ending, strict=True)
+            n.name: (
+                (n.gpus_used - h, frozenset(j)),
+                f"{n.name} {n.gpus_used} in use, {h} held by its jobs",
+            )
+            for n, h, e, j in zip(nodes, held, ending, ids, strict=True)
             if n.usable and not h - e <= n.gpus_used <= h
         }
         before = self._view_since
