@@ -105,6 +105,7 @@ def real_summary(
         if float(j["finished_at"]) > 0:
             seen.append(float(j["finished_at"]))
     waits = planned_waits(decisions, ran, max(ends))
+    outside = planned_waits(decisions, ran, max(ends), paused) if paused else waits
     longest = sorted(((w, names.get(i, str(i))) for w, i in waits), key=lambda x: -x[0])[:3]
     meta = {r["key"]: r["value"] for r in _rows(state_db, "SELECT key, value FROM meta")}
     return {
@@ -115,9 +116,7 @@ def real_summary(
         "gpu_utilisation": float(used / (span * pool_gpus)),
         "max_wait_planned_s": round(max((w for w, _ in waits), default=0.0), 1),
         "longest_planned_waits": [[name, round(w, 1)] for w, name in longest],
-        "max_wait_planned_outside_stops_s": round(
-            max((w for w, _ in planned_waits(decisions, ran, max(ends), paused)), default=0.0), 1
-        ),
+        "max_wait_planned_outside_stops_s": round(max((w for w, _ in outside), default=0.0), 1),
         "launches": int(sum(int(j["launches"]) for j in jobs)),
         "resizes": int(sum(int(j["resizes"]) for j in jobs)),
         # cycles in which the controller's view of a node's GPUs was not Slurm's
