@@ -177,6 +177,40 @@ def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_o
     assert rec is not None and rec.time_relaunches == 0 and "moved off n2" in rec.reason
 
 
+def test_a_launch_that_requeues_itself_is_not_running_again_while_slurm_ends_it(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool (22.05, CI): Slurm sent the pre-limit signal of a launch whose limit
+    a window cut 30 s early (Slurm may send it up to 60 s before its time), and the wrapper
+    requeued the job held. Slurm listed it COMPLETING on its old nodes with its restart
+    count already raised: the controller took that for "requeued by Slurm and running
+    again", then for a hold by its user, and the move off the window's node was never
+    said. A job ending its launch is not running again: it is moved off n2 as a job that
+    checkpointed on its own."""
+    c = Site()
+    start = c.t + 3600
+    c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
+    c.add(1, 1, 8)
+    ctl = controller(tmp_path, c, min_run_s=60)
+    ctl.cycle()
+    c.report(1, started(), steps(10))
+    ctl.cycle()
+    c.t = start - lead_s(ctl.config.settings) - 30
+    c.set(1, state="COMPLETING", restarts=1)  # requeued held by its wrapper, still ending
+    ctl.cycle()
+    rec = ctl.store.job(1)
+    assert rec is not None and "relaunched" not in rec.reason and rec.launches == 1, rec
+    c.requeue_self = True
+    c.set(1, restarts=0, state="RUNNING")
+    c.checkpointed(1)  # then in the queue, held, SPECIAL_EXIT
+    for _ in range(3):
+        ctl.cycle()
+    assert c.state(1) == "RUNNING" and c.jobs[1].job.node_names == ("n1",), c.jobs[1].job
+    rec = ctl.store.job(1)
+    assert rec is not None and rec.time_relaunches == 0 and "moved off n2" in rec.reason, rec
+    assert rec.launches == 2 and "held by its user" not in rec.reason
+
+
 def test_a_stopping_jobs_gpus_on_a_node_being_left_are_not_planned_again() -> None:
     """Slurm drained nodes (Kill task failed) after slurmctld was stopped for 120 s; the
     jobs on them were stopping. Their GPUs were shown to the policy as the node's (a

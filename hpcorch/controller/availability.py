@@ -47,10 +47,11 @@ class Fate:
 
 
 MIN_LEAD_S = LIMIT_MARGIN_S + SIGNAL_LEAD_S + 30.0
-"""Nodes are emptied at least this long before a window (180 s): before the checkpoint
-signal Slurm sends a launch whose limit was cut to end before the window (``SIGNAL_LEAD_S``
-before that limit, which is whole minutes). A launch that checkpoints on that signal all
-the same (a longer lead of its own) is moved as well (hpcorch/controller/ends.py)."""
+"""Nodes are emptied at least this long before a window (180 s): as a rule before the
+checkpoint signal Slurm sends a launch whose limit was cut to end before the window
+(``SIGNAL_LEAD_S`` before that limit, which is whole minutes). Slurm may send it up to 60 s
+early, and a job may ask for a longer lead of its own: a launch that checkpoints on that
+signal first is moved all the same (hpcorch/controller/ends.py)."""
 
 
 def lead_s(s: Settings) -> float:

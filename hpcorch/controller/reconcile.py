@@ -145,6 +145,11 @@ def observe(
         checkpointed(rec, now, pool_nodes, out, requeued=True)
     elif job.state == "PENDING":
         _pending(rec, job, now, pool_nodes, out, s)
+    elif job.state == "COMPLETING" and job.restarts > restarts_before:
+        # being requeued (by its wrapper after a checkpoint, or by Slurm): listed COMPLETING
+        # on its old nodes with its restart already counted. Not running again: its restart
+        # is taken once Slurm shows where it went (held in the queue, or started again)
+        return out
     else:  # RUNNING, COMPLETING, CONFIGURING, SUSPENDED, ...
         _running(rec, job, now, s, out)
         # Slurm is the truth about where it runs, not the job
