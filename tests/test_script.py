@@ -190,16 +190,36 @@ exit "$FAKE_RC"
 # slurmctld does, ends the batch script (SIGTERM to its process group, which the helper
 # below makes the wrapper lead) only FAKE_END_S seconds later; a
 # checkpoint signal the controller sends again meanwhile (FAKE_RESIGNAL) reaches the
-# wrapper first. `show job` says the job runs, launch 0.
+# wrapper first. FAKE_REQUEUE lists what becomes of each request in turn: "ok" (the
+# default), "lost" (not answered, not done: a timeout), "late" (done, its answer lost; or
+# the controller's requeue came first). `show job` says the job runs, launch 0, until a
+# requeue was done: then it is COMPLETING, restart 1.
 FAKE_SCONTROL = """#!/bin/bash
 case $1 in
   requeue|requeuehold)
     echo "$*" >> "$HPCORCH_JOB_DIR/scontrol-calls"
+    IFS=, read -ra fate <<<"${FAKE_REQUEUE:-ok}"
+    n=$(grep -c requeue "$HPCORCH_JOB_DIR/scontrol-calls")
+    what=${fate[n - 1]:-ok}
+    if [ "$what" = lost ]; then
+      echo "scontrol: error: Socket timed out on send/recv operation" >&2
+      exit 1
+    fi
+    touch "$HPCORCH_JOB_DIR/requeued"
     wrapper=$PPID
     ( [ -n "$FAKE_RESIGNAL" ] && { sleep 0.3; kill -USR2 "$wrapper"; }
       sleep "${FAKE_END_S:-0.5}"; kill -TERM -- "-$wrapper" ) >/dev/null 2>&1 &
+    if [ "$what" = late ]; then
+      echo "scontrol: error: Socket timed out on send/recv operation" >&2
+      exit 1
+    fi
     exit 0 ;;
-  -o) echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=0" ;;
+  -o)
+    if [ -e "$HPCORCH_JOB_DIR/requeued" ]; then
+      echo "JobId=$SLURM_JOB_ID JobState=COMPLETING Restarts=1"
+    else
+      echo "JobId=$SLURM_JOB_ID JobState=RUNNING Restarts=0"
+    fi ;;
 esac
 """
 
@@ -335,3 +355,33 @@ def test_wrapper_requeue_ends_as_a_requeue_when_signalled_again(
     ]  # fmt: skip
     assert "requeued held for the controller's relaunch" in run.stderr
     assert "the requeue failed" not in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("fates", "calls", "want"),
+    [
+        ("late", 1, 0),  # done, its answer lost (or the controller requeued it first)
+        ("lost,ok", 2, 0),  # not answered: asked again
+        ("lost,late", 2, 0),
+        ("lost,lost,lost", 3, 75),  # never done: exit 75, the controller requeues it
+    ],
+)
+def test_wrapper_requeue_survives_a_lost_answer(
+    tmp_path: Path, fates: str, calls: int, want: int
+) -> None:
+    """Seen in CI (25.11, lanes side by side): a resize's launch ended as a FAILED batch
+    step with exit code 75 though the job was requeued (sacct: REQUEUED), because the
+    wrapper's `scontrol requeuehold` failed and the wrapper exited at once. A failed
+    request may have been carried out (a busy slurmctld's answer timed out, or the
+    controller's forced requeue came first): the wrapper looks whether the job was
+    requeued, and asks again a few times when it was not."""
+    run = _wrapper_under_fake_srun(
+        tmp_path,
+        beat="exit 75",
+        HPCORCH_CONTROLLED="1",
+        FAKE_REQUEUE=fates,
+    )
+    assert run.returncode == want, run.stderr
+    asked = (tmp_path / "job" / "scontrol-calls").read_text().splitlines()
+    assert asked == ["requeuehold State=SpecialExit 7"] * calls, asked
+    assert ("the requeue failed" in run.stderr) == (want != 0), run.stderr
