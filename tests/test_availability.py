@@ -150,14 +150,9 @@ def test_a_window_closes_its_nodes_to_launches_too_short_to_pay(tmp_path: Path) 
     assert c.shapes[-1].node_names == ("n1",) and c.shapes[-1].gpus == 4
 
 
-def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_own(
-    tmp_path: Path,
-) -> None:
-    """Seen on the pool: the job's pre-limit signal (Slurm's --signal, 120 s before the cut
-    limit) came before the controller moved it; it checkpointed "on its own", was
-    relaunched on the same nodes with a limit cut again, and ended after --max-relaunches.
-    Such a checkpoint is the window's doing: the job is planned again off the window's
-    nodes, and its relaunches are not counted."""
+def before_the_move(tmp_path: Path) -> tuple[Site, Any]:
+    """A job on n1 and n2 training, its limit cut for a window on n2 an hour ahead; the
+    clock 30 s before the controller would move it off n2."""
     c = Site()
     start = c.t + 3600
     c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
@@ -167,8 +162,21 @@ def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_o
     assert c.shapes[-1].node_names == ("n1", "n2") and c.shapes[-1].time_limit_min > 0
     c.report(1, started(), steps(10))
     ctl.cycle()
-    c.t = start - lead_s(ctl.config.settings) - 30  # before the move: Slurm's signal
-    # before the cut limit (a job whose own --signal lead is longer than hpcorch's)
+    c.t = start - lead_s(ctl.config.settings) - 30
+    return c, ctl
+
+
+def test_a_launch_whose_limit_a_window_cut_is_moved_when_it_checkpoints_on_its_own(
+    tmp_path: Path,
+) -> None:
+    """Seen on the pool: the job's pre-limit signal (Slurm's --signal, 120 s before the cut
+    limit) came before the controller moved it; it checkpointed "on its own", was
+    relaunched on the same nodes with a limit cut again, and ended after --max-relaunches.
+    Such a checkpoint is the window's doing: the job is planned again off the window's
+    nodes, and its relaunches are not counted."""
+    c, ctl = before_the_move(tmp_path)
+    # Slurm's signal before the cut limit (a job whose own --signal lead is longer than
+    # hpcorch's), and the job's wrapper could not requeue it: exit 75
     c.set(1, state="FAILED", exit_code=75)
     for _ in range(3):
         ctl.cycle()
@@ -187,15 +195,7 @@ def test_a_launch_that_requeues_itself_is_not_running_again_while_slurm_ends_it(
     again", then for a hold by its user, and the move off the window's node was never
     said. A job ending its launch is not running again: it is moved off n2 as a job that
     checkpointed on its own."""
-    c = Site()
-    start = c.t + 3600
-    c.windows.append(Window("maint", ("n2",), start, start + 1800, ("MAINT",)))
-    c.add(1, 1, 8)
-    ctl = controller(tmp_path, c, min_run_s=60)
-    ctl.cycle()
-    c.report(1, started(), steps(10))
-    ctl.cycle()
-    c.t = start - lead_s(ctl.config.settings) - 30
+    c, ctl = before_the_move(tmp_path)
     c.set(1, state="COMPLETING", restarts=1)  # requeued held by its wrapper, still ending
     ctl.cycle()
     rec = ctl.store.job(1)
