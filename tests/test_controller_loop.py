@@ -137,6 +137,61 @@ def test_a_batch_only_change_rewrites_the_running_launchs_plan(tmp_path: Path) -
     assert len([d for d in ctl.store.decisions(1) if d.action == "rebatch"]) == 1
 
 
+def _steps(c: Reporting, job: int, batch: int) -> None:
+    """Job ``job`` reports steps at global batch ``batch`` on its 4 GPUs."""
+    c.lines[f"/jobs/{job}"].append(
+        {"event": "steps", "time": c.t, "step": 10, "steps": 10, "step_time": 0.5,
+         "samples_per_s": batch / 0.5, "global_batch": batch, "per_gpu_batch": batch // 4,
+         "accum_steps": 1, "gpus": 4}
+    )  # fmt: skip
+
+
+def test_a_first_report_at_a_new_batch_brings_the_next_round_forward(tmp_path: Path) -> None:
+    """A new job's batch (and GPUs) are found in steps: each waits for its first report at
+    what it was given. That report brings the next round forward to a quarter of
+    ``round_s`` after the last (``measured_round``), once per launch or batch change the
+    controller made: a job cannot bring rounds forward by what it reports."""
+    c = Reporting()
+    c.add(1, 1, 8)
+    policy = Scripted({"1": (4, {0: 4}, 64)})
+    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
+    ctl.cycle()  # the arrival's round: started on 4 GPUs at batch 64
+    ctl.cycle()
+    rounds = len(policy.seen)
+    for dt, batch in ((5, 100), (5, 32), (5, 100)):  # not the batch it was given
+        c.t += dt
+        _steps(c, 1, batch)
+        ctl.cycle()
+    assert len(policy.seen) == rounds  # 15 s, nothing brought forward
+    c.t = 1020.0
+    _steps(c, 1, 64)
+    ctl.cycle()
+    assert len(policy.seen) == rounds + 1  # its first report at 64: a round at once
+    policy.plans["1"] = (4, {0: 4}, 128)
+    for t in (1025.0, 1030.0, 1034.0):  # more reports at 64; a rebatch to 128 at 1030
+        c.t = t
+        _steps(c, 1, 64)
+        ctl.cycle()
+    assert len(policy.seen) == rounds + 1
+    assert c.plans[1].global_batch == 64  # not yet: the next round is at 1080
+    c.t = 1080.0
+    ctl.cycle()
+    assert (c.plans[1].launch, c.plans[1].global_batch) == (0, 128)  # a rebatch
+    rounds = len(policy.seen)
+    c.t = 1085.0
+    _steps(c, 1, 128)
+    ctl.cycle()
+    assert len(policy.seen) == rounds  # 5 s after the round: due at 1095
+    c.t = 1095.0
+    ctl.cycle()
+    assert len(policy.seen) == rounds + 1
+    for t in (1100.0, 1110.0, 1150.0):  # the same batch again: the round is every 60 s
+        c.t = t
+        _steps(c, 1, 128)
+        ctl.cycle()
+    assert len(policy.seen) == rounds + 1
+
+
 @dataclass
 class SeesFixed(Scripted):
     """A scripted policy that plans around the jobs that keep their GPUs (as ONES does)."""

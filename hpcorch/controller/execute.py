@@ -12,10 +12,13 @@ from hpcorch.cluster import Cluster, Shape
 from hpcorch.controller.actions import Action
 from hpcorch.controller.config import LoopConfig
 from hpcorch.controller.logs import describe
-from hpcorch.controller.store import JobRecord
+from hpcorch.controller.store import JobRecord, Sample
 from hpcorch.controller.validate import printable
 from hpcorch.errors import SlurmUnavailable
-from hpcorch.planner import LaunchPlan
+from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
+
+MAX_AWAITED = 4096
+"""First reports awaited at most (the oldest forgotten first)."""
 
 
 class Executor:
@@ -25,6 +28,10 @@ class Executor:
         self.warn = warn
         self.plan_batch: dict[int, int] = {}
         """The global batch of the plan each running launch has (this controller's writes)."""
+        self.awaited: dict[int, int] = {}
+        """The global batch each job's first report after this controller's last launch or
+        rebatch of it is expected at (the split its runtime derives): a new measurement."""
+        self._lock = threading.Lock()
 
     def launch_plan(
         self, rec: JobRecord, gpus: int, launch: int, batch: int, shape: Shape | None = None
@@ -38,6 +45,30 @@ class Executor:
             placement=tuple(zip(shape.node_names, shape.per_node, strict=False)) if shape else (),
             trained_step=rec.trained_step,
         )
+
+    def await_report(self, rec: JobRecord, gpus: int, batch: int) -> None:
+        """Expect ``rec``'s next report at the split its runtime makes of ``batch``."""
+        try:
+            split = plan_batch(max(batch, gpus), gpus, max(1, rec.max_micro)).global_batch
+        except BatchPlanError:
+            split = 0
+        with self._lock:  # actions of different jobs are carried out at once
+            self.awaited.pop(rec.slurm_id, None)
+            if split:
+                self.awaited[rec.slurm_id] = split
+            while len(self.awaited) > MAX_AWAITED:  # jobs that ended before they reported
+                del self.awaited[next(iter(self.awaited))]
+
+    def first_report(self, sample: Sample) -> bool:
+        """Whether ``sample`` is its job's first report at the batch this controller last
+        gave it (once per launch or rebatch: a job's reports alone bring nothing forward)."""
+        if (
+            self.config.measured_round <= 0
+            or self.awaited.get(sample.slurm_id) != sample.global_batch
+        ):
+            return False
+        del self.awaited[sample.slurm_id]
+        return True
 
     def execute(self, rec: JobRecord, a: Action) -> str:
         """Carry out ``a``; the decision's status ('done' or the error). Slurm not
@@ -53,6 +84,7 @@ class Executor:
                 self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.cluster.start(rec.slurm_id, a.shape)
                 self.plan_batch[rec.slurm_id] = batch
+                self.await_report(rec, a.shape.gpus, batch)
             elif a.kind == "rebatch":
                 # the running launch's own plan, rewritten: the job takes the new batch at its
                 # next step, no restart, no Slurm call (only jobs that can take it get this)
@@ -61,6 +93,7 @@ class Executor:
                 )
                 self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.plan_batch[rec.slurm_id] = plan.global_batch
+                self.await_report(rec, rec.gpus, plan.global_batch)
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":
@@ -87,6 +120,7 @@ class Executor:
         a hold): as if ``execute`` had failed; the decision's status."""
         if a.kind == "start":
             self.plan_batch.pop(rec.slurm_id, None)
+            self.awaited.pop(rec.slurm_id, None)
             self.start_failed(rec, why)
         else:
             self.warn(f"job {rec.slurm_id}: {a.kind} failed: {why}")

@@ -77,6 +77,8 @@ class Controller:
         self.warn = log or log_warning
         """Lines about something that went wrong (level warning through logging)."""
         self.last_round = -1e18
+        self.measured = False
+        """A job's first report at what it was given came since the last round."""
         self.last_time: float | None = None
         self._errors: dict[tuple[int, str], str] = {}
         """The last error logged per (job, stage): the same one is not logged again."""
@@ -186,10 +188,10 @@ class Controller:
         self._read_metrics(records if full else [r for r in records if _in_transition(r)])
         decision_s = 0.0
         fate = availability.fates(obs.nodes, obs.windows, now, self.config.settings)
-        if changed or now - self.last_round >= self.config.round_s:
+        if changed or now >= self.next_round():
             decision_s, acts = self.rounds.schedule(obs, records, now, fate)
             pending += acts
-            self.last_round = now
+            self.last_round, self.measured = now, False
         pending = [
             (r, self.limits.timed(self._limited(r, a, fate, now, observed))) for r, a in pending
         ]
@@ -402,11 +404,16 @@ class Controller:
                     sample = digest(rec, line, log)
                     if sample is not None:
                         new.append(sample)
+                        self.measured |= self.executor.first_report(sample)
             except Exception as exc:
                 self._job_error(rec, "reading its metrics", exc)
         self.records.stage(new)  # stored with the cycle's records
 
-    # --- scheduling ---------------------------------------------------------------------
+    def next_round(self) -> float:
+        """When the next scheduling round is due (sooner when a job arrives or ends)."""
+        part = min(self.config.measured_round, 1.0) if self.measured else 1.0
+        return self.last_round + part * self.config.round_s
+
     # --- carrying out ---------------------------------------------------------------------
     def _limited(
         self,

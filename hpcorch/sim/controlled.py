@@ -215,7 +215,7 @@ def _timers(ctl: Controller, side: SimSlurm, s: Settings) -> float:
     now = side.now()
     nxt = math.inf
     if ctl.records.active() or side.arrived_unfinished():
-        nxt = ctl.last_round + ctl.config.round_s
+        nxt = ctl.next_round()
     for j in side.awaiting_relaunch():
         if j.end_time + s.relaunch_delay_s > now:
             nxt = min(nxt, j.end_time + s.relaunch_delay_s)

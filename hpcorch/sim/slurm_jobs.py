@@ -93,6 +93,8 @@ class SlurmJob:
     win_steps: float = 0.0
     win_seconds: float = 0.0
     last_line: float = -1e18
+    line_due: float = INF
+    """When the job writes its first line at a batch it was just given (inf: none due)."""
     version: int = 0
     """Bumped on every change Slurm would show (the observation is rebuilt then)."""
     user: str = "sim"

@@ -56,6 +56,9 @@ from hpcorch.sim.workload import WorkloadJob
 
 FIRST_JOB_ID = 1000
 JOB_DIR_PREFIX = "/sim/"
+FIRST_LINE_S = 5.0
+"""A job's first line at a batch it was given live comes this long after (the runtime
+writes a line every ``hpcorch.runtime.metrics.Metrics.interval``, 5 s)."""
 """Simulated job directories: plain absolute paths, as the controller accepts."""
 
 
@@ -288,7 +291,7 @@ class SimSlurm:
             elif not j.training:
                 nxt = min(nxt, j.train_at)
             else:
-                nxt = min(nxt, max(self._finish(j) - 1.0, now + 1e-6))
+                nxt = min(nxt, max(self._finish(j) - 1.0, now + 1e-6), j.line_due)
         return nxt
 
     def _finish(self, j: SlurmJob) -> float:
@@ -371,8 +374,11 @@ class SimSlurm:
                     j.finish_at = INF
                 else:
                     self._end(j, "COMPLETED", EXIT_DONE, m.completion_time)
-            elif j.win_seconds > 0 and now + dt - j.last_line >= self.report_s:
+            elif j.win_seconds > 0 and (
+                now + dt - j.last_line >= self.report_s or now + dt >= j.line_due
+            ):
                 report(j, now + dt)
+                j.line_due = INF
 
     # --- launches -----------------------------------------------------------------------
     def _used(self) -> tuple[list[int], list[int]]:
@@ -455,6 +461,7 @@ class SimSlurm:
             m.start_time = now
         j.win_steps = j.win_seconds = 0.0
         j.last_line = -1e18
+        j.line_due = INF
         j.finish_at = now + m.time_to_finish(now)
 
     def _rebatch(self, j: SlurmJob, plan: LaunchPlan) -> None:
@@ -462,6 +469,7 @@ class SimSlurm:
         now = self.world.now
         flush(j, now)
         set_batch(j, plan)
+        j.line_due = now + FIRST_LINE_S
         if j.stop_at is None:
             j.finish_at = now + j.model.time_to_finish(now)
 

@@ -117,13 +117,16 @@ def test_skipping_idle_cycles_changes_nothing(
 ) -> None:
     """The driver jumps over cycles in which nothing could be seen; running every cycle
     (1 s while a job starts or stops, 10 s else) gives the same run. A simulated job writes
-    a steps line when the world is advanced at least ``report_s`` past its last one, so
-    the lines' windows follow the driver's steps: the gradient-noise samples ONES picks its
+    a steps line when the world is advanced at least ``report_s`` past its last one (its
+    first at a batch it was given live when it is 5 s past the change), so the lines'
+    windows follow the driver's steps: the gradient-noise samples ONES picks its
     batch sizes from differ a little (same decisions, JCTs within 1%); a policy that
     reads no samples (Tiresias) gives exactly the same run. ONES holds a job that is
     probing its batch until the probe's steps line is in, so the hold's length follows the
     same windows: in five jobs that alone moves whole decisions, so it is off here (on the
-    bundled workloads both drivers agree with it on: docs/benchmarks.md)."""
+    bundled workloads both drivers agree with it on: docs/benchmarks.md). Fewer than half
+    the cycles are run (a first report at a new batch is an event: it brings the next
+    round forward)."""
     jobs = load_workload(small_workload, apps)
     cfg = SimConfig(nodes=2, gpus_per_node=4)
 
@@ -137,7 +140,7 @@ def test_skipping_idle_cycles_changes_nothing(
         assert [j.jct for j in fast.jobs] == [j.jct for j in every.jobs]
     else:
         assert [j.jct for j in fast.jobs] == pytest.approx([j.jct for j in every.jobs], rel=0.01)
-    assert fast.extra["cycles"] < every.extra["cycles"] / 3
+    assert fast.extra["cycles"] < every.extra["cycles"] / 2
 
 
 @pytest.mark.parametrize("policy", ["fifo", "tiresias"])

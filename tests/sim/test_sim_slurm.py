@@ -9,7 +9,7 @@ import pytest
 from hpcorch.cluster import Shape
 from hpcorch.planner import LaunchPlan
 from hpcorch.sim.costs import ResizeCost
-from hpcorch.sim.slurm_side import SimSlurm, SimSlurmError
+from hpcorch.sim.slurm_side import FIRST_LINE_S, SimSlurm, SimSlurmError
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
 
@@ -130,6 +130,30 @@ def test_a_batch_only_plan_is_taken_without_a_restart(apps: dict[str, AppTrace])
     # a plan for the next launch is kept for it, not taken now
     side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=512, launch=1), -1)
     assert job.model.batch == 1024
+
+
+def test_the_first_line_at_a_live_batch_comes_a_metrics_interval_after(
+    apps: dict[str, AppTrace],
+) -> None:
+    """The runtime writes a line every 5 s: a job given a batch live reports it 5 s later,
+    not a report interval later, and the driver is told when (``next_event``)."""
+    side = SimSlurm([WorkloadJob("a", 0.0, "cifar10", 2, 128)], apps, (4,), COST, report_s=60.0)
+    side.advance(1)
+    (seen,) = side.observe().jobs
+    sid, job_dir = seen.slurm_id, seen.tags["dir"]
+    side.start(sid, Shape(1, 2, ("sim000",), per_node=(2,)))
+    side.advance(100)
+    side.observe()
+    side.write_plan(sid, LaunchPlan(global_batch=512, gpus=2, max_micro_batch=512), -1)
+    changed = side.now()
+    assert side.next_event() == changed + FIRST_LINE_S
+    side.advance_to(changed + FIRST_LINE_S)
+    lines, _ = side.read_metrics(job_dir, 0, -1)
+    last = [ln for ln in lines if ln["event"] == "steps"][-1]
+    assert (last["global_batch"], last["time"]) == (512, changed + FIRST_LINE_S)
+    assert side.next_event() > changed + 30  # then every report_s again
+    side.advance(30)
+    assert len(side.read_metrics(job_dir, 0, -1)[0]) == len(lines)
 
 
 def test_next_event_is_never_later_than_what_happens(apps: dict[str, AppTrace]) -> None:
