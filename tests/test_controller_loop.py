@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from hpcorch.cluster import Shape
+from hpcorch.controller.execute import MEASURED_REBATCHES
 from hpcorch.controller.loop import Controller
 from hpcorch.controller.reconcile import target_shape
 from hpcorch.controller.snapshot import build_snapshot
@@ -190,6 +191,52 @@ def test_a_first_report_at_a_new_batch_brings_the_next_round_forward(tmp_path: P
         _steps(c, 1, 128)
         ctl.cycle()
     assert len(policy.seen) == rounds + 1
+
+
+def test_a_job_that_provokes_rebatches_brings_few_rounds_forward(tmp_path: Path) -> None:
+    """A job whose reports lead the policy to change its batch at every round (here: the
+    plan flips between two batches, and the job reports each at once) brings the next
+    round forward only for the first few changes of a launch, not every 15 s for ever."""
+    c = Reporting()
+    c.add(1, 1, 8)
+    policy = Scripted({"1": (4, {0: 4}, 64)})
+    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
+    ctl.cycle()
+    ctl.cycle()
+    start = len(policy.seen)
+    for _ in range(40):  # 400 s, a cycle every 10 s
+        c.t += 10
+        _steps(c, 1, c.plans[1].global_batch)
+        batch = 128 if c.plans[1].global_batch == 64 else 64
+        policy.plans["1"] = (4, {0: 4}, batch)
+        ctl.cycle()
+    rebatches = [d for d in ctl.store.decisions(1) if d.action == "rebatch"]
+    early = len(policy.seen) - start - 400 // 60
+    assert len(rebatches) >= 5
+    assert 1 <= early <= 1 + MEASURED_REBATCHES
+
+
+def test_a_batch_the_job_already_reports_awaits_nothing(tmp_path: Path) -> None:
+    """A rebatch to the batch the job already reports (a plan that rounds to it) is no new
+    measurement: its next report brings no round forward."""
+    c = Reporting()
+    c.add(1, 1, 8)
+    policy = Scripted({"1": (4, {0: 4}, 64)})
+    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
+    ctl.cycle()
+    ctl.cycle()
+    c.t += 20
+    _steps(c, 1, 128)  # the job reports a batch of its own (its script chose it)
+    ctl.cycle()  # its first report: not at 64, nothing brought forward
+    policy.plans["1"] = (4, {0: 4}, 128)
+    c.t = 1060.0
+    ctl.cycle()  # the round: a rebatch to what it reports
+    assert c.plans[1].global_batch == 128
+    rounds = len(policy.seen)
+    c.t = 1080.0
+    _steps(c, 1, 128)
+    ctl.cycle()
+    assert len(policy.seen) == rounds
 
 
 @dataclass

@@ -7,10 +7,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpcorch.controller.reconcile import Settings, decide
 from hpcorch.controller.store import JobRecord
 from hpcorch.planner import LaunchPlan, write_plan
+from hpcorch.protocol import ENV_JOB_ID, ENV_LAUNCH, ENV_PLAN
 from hpcorch.sidecar.batch import LiveBatch
+from hpcorch.sidecar.config import Progress, SidecarConfig
+from hpcorch.sidecar.run import Sidecar
 from hpcorch.slurm.script import JobSpec, SidecarSpec
 
 
@@ -64,3 +69,29 @@ def test_the_sidecar_passes_a_rewritten_batch_on_in_the_batch_file(tmp_path: Pat
     write_plan(plan, LaunchPlan(global_batch=256, gpus=4, max_micro_batch=16, job="j", launch=1))
     assert live.poll() is None
     assert json.loads((tmp_path / "batch.json").read_text())["global_batch"] == 128
+
+
+def test_the_sidecar_measures_a_new_batch_from_the_change_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps line after a live batch change reports the step time at the new batch:
+    the steps before the change (at the old one) are left out of it."""
+    plan = tmp_path / "plan.json"
+    write_plan(plan, LaunchPlan(global_batch=64, gpus=1, max_micro_batch=64, job="j", launch=0))
+    for key, value in ((ENV_PLAN, str(plan)), (ENV_JOB_ID, "j"), (ENV_LAUNCH, "0")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    car = Sidecar(SidecarConfig(job_dir=tmp_path), ["srun"], ["python", "train.py"])
+    car.tracker.interval_s = 0.0
+    lines: list[dict[str, object]] = []
+    monkeypatch.setattr(car, "emit", lines.append)
+    for i in range(1, 12):  # 1 s a step at 64
+        car.tracker.update(Progress(i), 100.0 + i)
+    write_plan(plan, LaunchPlan(global_batch=128, gpus=1, max_micro_batch=64, job="j", launch=0))
+    car._poll_plan()
+    assert lines and lines[-1]["global_batch"] == 128  # the change, said
+    for i in range(12, 15):  # 3 s a step at 128
+        car.tracker.update(Progress(i), 111.0 + 3.0 * (i - 11))
+    line = car.tracker.due(200.0)
+    assert line is not None and line["global_batch"] == 128
+    assert line["step_time"] == pytest.approx(3.0)

@@ -29,9 +29,10 @@ class LoopConfig:
     round_s: float = 60.0
     """Seconds between scheduling rounds (sooner when a job arrives or ends)."""
     measured_round: float = 0.25
-    """A job's first report at the GPUs or batch the controller just gave it brings the
-    next round forward to this fraction of ``round_s`` after the last (0: not forward): a
-    new job's batch and GPU count are found in steps about a report apart, not a round."""
+    """A job's first report of a launch, or at a batch the controller gave it live, brings
+    the next round forward to this fraction of ``round_s`` after the last (0: not
+    forward): a new job's batch and GPU count are found in steps about a report apart, not
+    a round (a few per launch: :data:`hpcorch.controller.execute.MEASURED_REBATCHES`)."""
     restart_cost_s: float = 30.0
     """What the policy assumes a resize costs a job; a running job also trains at least
     this long (and at least ``settings.min_run_s``) before it is stopped again."""

@@ -17,6 +17,9 @@ from hpcorch.controller.validate import printable
 from hpcorch.errors import SlurmUnavailable
 from hpcorch.planner import BatchPlanError, LaunchPlan, plan_batch
 
+MEASURED_REBATCHES = 2
+"""Batch changes of one launch whose first report brings the next round forward (after its
+start's): a new job's probe and the batch its measurements call for."""
 MAX_AWAITED = 4096
 """First reports awaited at most (the oldest forgotten first)."""
 
@@ -31,6 +34,8 @@ class Executor:
         self.awaited: dict[int, int] = {}
         """The global batch each job's first report after this controller's last launch or
         rebatch of it is expected at (the split its runtime derives): a new measurement."""
+        self._rebatched: dict[int, int] = {}
+        """Batch changes of each job's launch that await a report."""
         self._lock = threading.Lock()
 
     def launch_plan(
@@ -46,22 +51,30 @@ class Executor:
             trained_step=rec.trained_step,
         )
 
-    def await_report(self, rec: JobRecord, gpus: int, batch: int) -> None:
-        """Expect ``rec``'s next report at the split its runtime makes of ``batch``."""
+    def await_report(self, rec: JobRecord, gpus: int, batch: int, start: bool) -> None:
+        """Expect ``rec``'s next report at the split its runtime makes of ``batch``: after
+        a ``start``, and after the first :data:`MEASURED_REBATCHES` batch changes of the
+        launch that ask for a batch other than the one it reports."""
         try:
             split = plan_batch(max(batch, gpus), gpus, max(1, rec.max_micro)).global_batch
         except BatchPlanError:
             split = 0
+        sid = rec.slurm_id
         with self._lock:  # actions of different jobs are carried out at once
-            self.awaited.pop(rec.slurm_id, None)
+            self.awaited.pop(sid, None)
+            done = 0 if start else self._rebatched.get(sid, 0)
+            if not start and (done >= MEASURED_REBATCHES or split == rec.global_batch):
+                return
+            self._rebatched[sid] = done + (not start)
             if split:
-                self.awaited[rec.slurm_id] = split
-            while len(self.awaited) > MAX_AWAITED:  # jobs that ended before they reported
-                del self.awaited[next(iter(self.awaited))]
+                self.awaited[sid] = split
+            for d in (self.awaited, self._rebatched):  # jobs that ended before they reported
+                while len(d) > MAX_AWAITED:
+                    del d[next(iter(d))]
 
     def first_report(self, sample: Sample) -> bool:
         """Whether ``sample`` is its job's first report at the batch this controller last
-        gave it (once per launch or rebatch: a job's reports alone bring nothing forward)."""
+        gave it (:meth:`await_report`: a few per launch, whatever the job reports)."""
         if (
             self.config.measured_round <= 0
             or self.awaited.get(sample.slurm_id) != sample.global_batch
@@ -84,7 +97,7 @@ class Executor:
                 self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.cluster.start(rec.slurm_id, a.shape)
                 self.plan_batch[rec.slurm_id] = batch
-                self.await_report(rec, a.shape.gpus, batch)
+                self.await_report(rec, a.shape.gpus, batch, start=True)
             elif a.kind == "rebatch":
                 # the running launch's own plan, rewritten: the job takes the new batch at its
                 # next step, no restart, no Slurm call (only jobs that can take it get this)
@@ -93,7 +106,7 @@ class Executor:
                 )
                 self.cluster.write_plan(rec.slurm_id, plan, rec.uid)
                 self.plan_batch[rec.slurm_id] = plan.global_batch
-                self.await_report(rec, rec.gpus, plan.global_batch)
+                self.await_report(rec, rec.gpus, plan.global_batch, start=False)
             elif a.kind == "signal":
                 self.cluster.signal_checkpoint(rec.slurm_id)
             elif a.kind == "hold":

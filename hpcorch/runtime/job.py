@@ -249,7 +249,8 @@ class ElasticJob(Launch):
             seconds=seconds,
             samples=layout.size,
             loss=agreed.loss_sum / layout.size if layout.size else None,
-            force=finished or agreed.stop,
+            # a new batch from the next step: this line closes the old one's measurement
+            force=finished or agreed.stop or agreed.batch is not None,
             epoch=self.epoch,
             data_wait=step.data_wait,
             lr_factor=self.lr_factor,

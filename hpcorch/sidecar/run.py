@@ -157,6 +157,7 @@ class Sidecar:
         self.global_batch, self.per_gpu = self.live.global_batch, self.live.per_gpu_batch
         self.tracker.global_batch, self.tracker.per_gpu_batch = self.global_batch, self.per_gpu
         self.emit({**line, "step": self.tracker.last_step})
+        del self.tracker.points[:-1]  # step times from here on are the new batch's
         log(f"global batch {line['from_batch']} -> {self.global_batch}: in {self.live.path}")
 
     def _read_state(self) -> dict[str, Any]:

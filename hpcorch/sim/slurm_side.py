@@ -56,10 +56,10 @@ from hpcorch.sim.workload import WorkloadJob
 
 FIRST_JOB_ID = 1000
 JOB_DIR_PREFIX = "/sim/"
+"""Simulated job directories: plain absolute paths, as the controller accepts."""
 FIRST_LINE_S = 5.0
 """A job's first line at a batch it was given live comes this long after (the runtime
-writes a line every ``hpcorch.runtime.metrics.Metrics.interval``, 5 s)."""
-"""Simulated job directories: plain absolute paths, as the controller accepts."""
+closes its line at the change and writes the next one a metrics interval later, 5 s)."""
 
 
 class SimSlurmError(HpcorchError):
@@ -276,7 +276,8 @@ class SimSlurm:
 
     def next_event(self) -> float:
         """When the next thing a controller could observe happens (inf: nothing more):
-        an arrival, a checkpointed job's exit, a launch starting to train, a completion.
+        an arrival, a checkpointed job's exit, a launch starting to train, a job's first
+        line at a batch it was given live, a completion.
 
         Completions are predicted a second early (epoch ends are rounded to seconds), so
         the time is never later than the event."""

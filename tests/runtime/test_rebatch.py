@@ -61,7 +61,7 @@ def test_a_rewritten_plan_changes_the_batch_at_the_next_step(one_rank: Path) -> 
     path = one_rank / "plan.json"
     write_plan(path, plan(8))
     job = hr.init(global_batch=8, max_micro_batch=4, lr_scaling="linear", warmup_steps=2,
-                  final_checkpoint=False)  # fmt: skip
+                  final_checkpoint=False, metrics_interval=60.0)  # fmt: skip
     model = job.wrap(torch.nn.Linear(3, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     job.track(model, opt)
@@ -96,6 +96,9 @@ def test_a_rewritten_plan_changes_the_batch_at_the_next_step(one_rank: Path) -> 
     assert len(rebatch) == 1 and rebatch[0]["step"] == 3
     assert (rebatch[0]["from_batch"], rebatch[0]["global_batch"]) == (8, 16)
     assert [e["global_batch"] for e in events if e["event"] == "steps"][-1] == 16
+    # the old batch's measurement is closed at the change: no line mixes the two batches
+    steps = [(e["step"], e["global_batch"]) for e in events if e["event"] == "steps"]
+    assert (3, 8) in steps and all(b == 16 for s, b in steps if s > 3)
     assert os.path.exists(path)
 
 
