@@ -147,17 +147,24 @@ def _steps(c: Reporting, job: int, batch: int) -> None:
     )  # fmt: skip
 
 
+def _started(tmp_path: Path) -> tuple[Reporting, Scripted, Controller]:
+    """One job started at batch 64 on 4 GPUs by the arrival's round (at t 1000), 60 s
+    rounds brought forward to 15 s by a first report."""
+    c = Reporting()
+    c.add(1, 1, 8)
+    policy = Scripted({"1": (4, {0: 4}, 64)})
+    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
+    ctl.cycle()
+    ctl.cycle()
+    return c, policy, ctl
+
+
 def test_a_first_report_at_a_new_batch_brings_the_next_round_forward(tmp_path: Path) -> None:
     """A new job's batch (and GPUs) are found in steps: each waits for its first report at
     what it was given. That report brings the next round forward to a quarter of
     ``round_s`` after the last (``measured_round``), once per launch or batch change the
     controller made: a job cannot bring rounds forward by what it reports."""
-    c = Reporting()
-    c.add(1, 1, 8)
-    policy = Scripted({"1": (4, {0: 4}, 64)})
-    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
-    ctl.cycle()  # the arrival's round: started on 4 GPUs at batch 64
-    ctl.cycle()
+    c, policy, ctl = _started(tmp_path)
     rounds = len(policy.seen)
     for dt, batch in ((5, 100), (5, 32), (5, 100)):  # not the batch it was given
         c.t += dt
@@ -197,12 +204,7 @@ def test_a_job_that_provokes_rebatches_brings_few_rounds_forward(tmp_path: Path)
     """A job whose reports lead the policy to change its batch at every round (here: the
     plan flips between two batches, and the job reports each at once) brings the next
     round forward only for the first few changes of a launch, not every 15 s for ever."""
-    c = Reporting()
-    c.add(1, 1, 8)
-    policy = Scripted({"1": (4, {0: 4}, 64)})
-    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
-    ctl.cycle()
-    ctl.cycle()
+    c, policy, ctl = _started(tmp_path)
     start = len(policy.seen)
     for _ in range(40):  # 400 s, a cycle every 10 s
         c.t += 10
@@ -219,12 +221,7 @@ def test_a_job_that_provokes_rebatches_brings_few_rounds_forward(tmp_path: Path)
 def test_a_batch_the_job_already_reports_awaits_nothing(tmp_path: Path) -> None:
     """A rebatch to the batch the job already reports (a plan that rounds to it) is no new
     measurement: its next report brings no round forward."""
-    c = Reporting()
-    c.add(1, 1, 8)
-    policy = Scripted({"1": (4, {0: 4}, 64)})
-    ctl = _ctl(tmp_path, c, policy, round_s=60.0, measured_round=0.25)
-    ctl.cycle()
-    ctl.cycle()
+    c, policy, ctl = _started(tmp_path)
     c.t += 20
     _steps(c, 1, 128)  # the job reports a batch of its own (its script chose it)
     ctl.cycle()  # its first report: not at 64, nothing brought forward
