@@ -75,10 +75,7 @@ class Executor:
     def first_report(self, sample: Sample) -> bool:
         """Whether ``sample`` is its job's first report at the batch this controller last
         gave it (:meth:`await_report`: a few per launch, whatever the job reports)."""
-        if (
-            self.config.measured_round <= 0
-            or self.awaited.get(sample.slurm_id) != sample.global_batch
-        ):
+        if self.awaited.get(sample.slurm_id) != sample.global_batch:
             return False
         del self.awaited[sample.slurm_id]
         return True

@@ -411,7 +411,8 @@ class Controller:
 
     def next_round(self) -> float:
         """When the next scheduling round is due (sooner when a job arrives or ends)."""
-        part = min(self.config.measured_round, 1.0) if self.measured else 1.0
+        early = self.measured and self.config.measured_round > 0  # 0: never brought forward
+        part = min(self.config.measured_round, 1.0) if early else 1.0
         return self.last_round + part * self.config.round_s
 
     # --- carrying out ---------------------------------------------------------------------
