@@ -37,6 +37,7 @@ from hpcorch.sim.gputypes import TypedPool
 from hpcorch.sim.limits import SimLimits
 from hpcorch.sim.loop import MAX_SIM_TIME, JobResult, SimResult
 from hpcorch.sim.regime import in_regime
+from hpcorch.sim.slurm_jobs import SlurmJob
 from hpcorch.sim.slurm_side import SimSlurm
 from hpcorch.sim.traces import AppTrace
 from hpcorch.sim.workload import WorkloadJob
@@ -172,13 +173,21 @@ def simulate_controlled(
                 store.backup(keep_state)
         finally:
             store.close()
+    # every job completed or was cancelled (a job counted as ended while it ran would end the
+    # run early, its JCT below zero)
+    unfinished = [j.model.spec.name for j in side.jobs if not _ended(j)]
+    if unfinished:
+        raise RuntimeError(
+            f"{policy.name}: the run ended with {len(unfinished)} jobs unfinished "
+            f"({', '.join(unfinished[:5])})"
+        )
     results = [
         JobResult(
             name=j.model.spec.name,
             application=j.model.spec.application,
             submit_time=j.model.spec.time,
             # Slurm's end, as the real pool's JCT: the last step plus the job's finish
-            jct=(j.model.completion_time or 0.0) + cost.finish_s - j.model.spec.time,
+            jct=_end(j, cost.finish_s) - j.model.spec.time,
             queueing_delay=(j.first_start if j.first_start is not None else j.model.spec.time)
             - j.model.spec.time,
             restarts=max(j.launches - 1, 0),
@@ -206,6 +215,18 @@ def simulate_controlled(
             "limit_pending": float(len(side.limit_waits)),
         },
     )
+
+
+def _ended(j: SlurmJob) -> bool:
+    """Whether ``j`` completed (its last step taken) or was cancelled."""
+    return j.model.completion_time is not None or j.state == "CANCELLED"
+
+
+def _end(j: SlurmJob, finish_s: float) -> float:
+    """When ``j`` ended in Slurm: its last step plus its finish, or its cancellation."""
+    if j.model.completion_time is not None:
+        return j.model.completion_time + finish_s
+    return j.end_time
 
 
 def _timers(ctl: Controller, side: SimSlurm, s: Settings) -> float:

@@ -236,8 +236,8 @@ class SimSlurm:
             self._unwait(j)
             self._unrefuse(j)
             return
-        if j.state == "RUNNING":  # killed: back to its last checkpoint
-            self._end(j, "CANCELLED", 0, self.world.now)
+        if j.state == "RUNNING":  # killed: back to its last checkpoint, queued again (not
+            self._end(j, "PENDING", 0, self.world.now)  # a finished job: REQUEUE_HOLD)
             restore(j)
         j.state, j.held, j.exit_code = "PENDING", True, 0
         j.restarts += 1

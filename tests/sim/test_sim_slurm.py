@@ -69,6 +69,31 @@ def test_slurm_semantics(apps: dict[str, AppTrace]) -> None:
     assert side.observe().jobs[0].state == "CANCELLED" and side.all_done()
 
 
+def test_a_running_job_requeued_held_is_not_finished(apps: dict[str, AppTrace]) -> None:
+    """The controller's requeue-hold of a running job (one Slurm started without its plan)
+    kills it back to its checkpoint and queues it held: it is not a finished job. Counted
+    as one, the simulation ended with another job still running (its JCT negative)."""
+    job = WorkloadJob("ncf-0", 0.0, "ncf", 1, 256)
+    side = SimSlurm([job], apps, (4,), COST)
+    side.advance(1)
+    (seen,) = side.observe().jobs
+    side.write_plan(seen.slurm_id, LaunchPlan(global_batch=256, gpus=1, max_micro_batch=256), -1)
+    side.start(seen.slurm_id, Shape(1, 1))
+    side.advance(40)
+    side.requeue_hold(seen.slurm_id)
+    (seen,) = side.observe().jobs
+    assert (seen.state, seen.held, seen.restarts) == ("PENDING", True, 1)
+    assert not side.all_done() and side.arrived_unfinished()
+    side.write_plan(
+        seen.slurm_id, LaunchPlan(global_batch=256, gpus=1, max_micro_batch=256, launch=1), -1
+    )
+    side.start(seen.slurm_id, Shape(1, 1))
+    while not side.all_done() and side.now() < 1e6:
+        side.advance(600)
+    assert side.jobs[0].model.completion_time is not None
+    assert side.jobs[0].state == "COMPLETED"
+
+
 def test_a_start_waits_for_busy_gpus(apps: dict[str, AppTrace]) -> None:
     jobs = [WorkloadJob("a", 0.0, "ncf", 1, 256), WorkloadJob("b", 0.0, "ncf", 1, 256)]
     side = SimSlurm(jobs, apps, (4,), COST)
