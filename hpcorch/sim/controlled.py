@@ -175,7 +175,7 @@ def simulate_controlled(
             store.close()
     # every job completed or was cancelled (a job counted as ended while it ran would end the
     # run early, its JCT below zero)
-    unfinished = [j.model.spec.name for j in side.jobs if not _ended(j)]
+    unfinished = [j.model.spec.name for j in side.unfinished()]
     if unfinished:
         raise RuntimeError(
             f"{policy.name}: the run ended with {len(unfinished)} jobs unfinished "
@@ -187,7 +187,7 @@ def simulate_controlled(
             application=j.model.spec.application,
             submit_time=j.model.spec.time,
             # Slurm's end, as the real pool's JCT: the last step plus the job's finish
-            jct=_end(j, cost.finish_s) - j.model.spec.time,
+            jct=_ended_at(j, cost.finish_s) - j.model.spec.time,
             queueing_delay=(j.first_start if j.first_start is not None else j.model.spec.time)
             - j.model.spec.time,
             restarts=max(j.launches - 1, 0),
@@ -217,12 +217,7 @@ def simulate_controlled(
     )
 
 
-def _ended(j: SlurmJob) -> bool:
-    """Whether ``j`` completed (its last step taken) or was cancelled."""
-    return j.model.completion_time is not None or j.state == "CANCELLED"
-
-
-def _end(j: SlurmJob, finish_s: float) -> float:
+def _ended_at(j: SlurmJob, finish_s: float) -> float:
     """When ``j`` ended in Slurm: its last step plus its finish, or its cancellation."""
     if j.model.completion_time is not None:
         return j.model.completion_time + finish_s

@@ -60,6 +60,8 @@ JOB_DIR_PREFIX = "/sim/"
 FIRST_LINE_S = 5.0
 """A job's first line at a batch it was given live comes this long after (the runtime
 closes its line at the change and writes the next one a metrics interval later, 5 s)."""
+FINISHED = ("COMPLETED", "CANCELLED")
+"""The states of a job that is done for good (a requeued one is PENDING again)."""
 
 
 class SimSlurmError(HpcorchError):
@@ -273,6 +275,11 @@ class SimSlurm:
     # --- the simulated world ------------------------------------------------------------
     def all_done(self) -> bool:
         return self._finished == len(self.jobs)
+
+    def unfinished(self) -> list[SlurmJob]:
+        """The jobs in none of the states :attr:`_finished` counts (read from each job: a
+        check on the count)."""
+        return [j for j in self.jobs if j.state not in FINISHED]
 
     def next_event(self) -> float:
         """When the next thing a controller could observe happens (inf: nothing more):
@@ -490,7 +497,7 @@ class SimSlurm:
         j.training = False
         j.train_at = j.finish_at = INF
         self._bump(j)
-        if state in ("COMPLETED", "CANCELLED"):
+        if state in FINISHED:
             self._finished += 1
 
     def _requeue_self(self, j: SlurmJob, at: float) -> None:
