@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from hpcorch.limits import Amounts, Cap, LimitBook
+from hpcorch.sim.slurm_jobs import SlurmJob
 
 QOS = "normal"
 
@@ -80,3 +81,35 @@ class SimLimits:
                 mine.append(key)
             keys[sid] = tuple(mine)
         return LimitBook(caps, keys, now)
+
+
+@dataclass
+class LimitGate:
+    """``limits`` applied to the simulated Slurm's released launches, before their
+    resources are looked at (as slurmctld does), and how long each launch they kept pending
+    was so (``waits``, seconds)."""
+
+    limits: SimLimits | None
+    waits: list[float] = field(default_factory=list)
+
+    def check(self, job: SlurmJob, running: Iterable[tuple[str, int]], now: float) -> bool:
+        """Set ``job.refused`` to the reason a limit keeps it pending now ('' none), with
+        the pool's ``running`` jobs' (user, GPUs); True when the reason changed (squeue
+        would show it)."""
+        if self.limits is None or job.shape is None:
+            return False
+        why = self.limits.refuse(job.user, job.shape.gpus, running)
+        if why == job.refused:
+            return False
+        if not job.refused:
+            job.refused_since = now
+        elif not why:
+            self.waits.append(now - job.refused_since)
+        job.refused = why
+        return True
+
+    def clear(self, job: SlurmJob, now: float) -> None:
+        """A launch kept pending for a limit no longer is (held or cancelled)."""
+        if job.refused:
+            self.waits.append(now - job.refused_since)
+            job.refused = ""

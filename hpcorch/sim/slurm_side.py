@@ -48,7 +48,7 @@ from hpcorch.sim.costs import ResizeCost
 from hpcorch.sim.engine import SimCluster
 from hpcorch.sim.gputypes import TypedPool
 from hpcorch.sim.job_side import checkpoint, flush, iteration_time, line, report, restore, set_batch
-from hpcorch.sim.limits import SimLimits
+from hpcorch.sim.limits import LimitGate, SimLimits
 from hpcorch.sim.slurm_jobs import INF, SlurmJob, job_tags
 from hpcorch.sim.slurm_view import cpus_per_gpu, fit_shape, observed
 from hpcorch.sim.traces import AppTrace
@@ -92,7 +92,8 @@ class SimSlurm:
         self.cost = cost or ResizeCost()
         self.limits = limits
         """Slurm's limits on the jobs, each job's user (None: none, one user)."""
-        self.limit_waits: list[float] = []
+        self.gate = LimitGate(limits)
+        self.limit_waits = self.gate.waits
         """How long each launch kept pending for a limit was so (seconds)."""
         self.world = SimCluster(
             list(jobs), apps, node_gpus, self.cost.startup_s, node_cpus, cpu_demand
@@ -126,9 +127,9 @@ class SimSlurm:
         self._arrivals = sorted(j.model.spec.time for j in self.jobs)
         self._running: list[SlurmJob] = []
         self._waiting: list[SlurmJob] = []
+        """Released pending jobs, in the order Slurm considers them (job id)."""
         self._admin_held: set[int] = set()
         """Jobs under the controller's own (admin) hold, as an operator's hold is."""
-        """Released pending jobs, in the order Slurm considers them (job id)."""
         self._finished = 0
         self._calls = 0
         self._changes = 0
@@ -213,7 +214,7 @@ class SimSlurm:
         self._admin_held.add(slurm_id)
         self._bump(j)
         self._unwait(j)
-        self._unrefuse(j)
+        self.gate.clear(j, self.world.now)
 
     def signal_checkpoint(self, slurm_id: int) -> None:
         self._calls += 1
@@ -236,7 +237,7 @@ class SimSlurm:
         if j.state == "PENDING":
             j.held = True
             self._unwait(j)
-            self._unrefuse(j)
+            self.gate.clear(j, self.world.now)
             return
         if j.state == "RUNNING":  # killed: back to its last checkpoint, queued again (not
             self._end(j, "PENDING", 0, self.world.now)  # a finished job: REQUEUE_HOLD)
@@ -250,7 +251,7 @@ class SimSlurm:
         j = self._job(slurm_id)
         if not j.ended:
             self._unwait(j)
-            self._unrefuse(j)
+            self.gate.clear(j, self.world.now)
             self._end(j, "CANCELLED", 0, self.world.now)
             j.held = False
 
@@ -426,26 +427,12 @@ class SimSlurm:
             self._launch(j, *where)
 
     def _refused(self, j: SlurmJob) -> bool:
-        """Kept pending for a limit (sim/limits.py), before its resources are looked at,
-        as slurmctld does; the reason shown changes with it."""
-        if self.limits is None or j.shape is None:
+        """Kept pending for a limit (:class:`hpcorch.sim.limits.LimitGate`)."""
+        if self.limits is None:
             return False
-        running = [(r.user, r.gpus) for r in self._running]
-        why = self.limits.refuse(j.user, j.shape.gpus, running)
-        if why != j.refused:
-            if not j.refused:
-                j.refused_since = self.world.now
-            elif not why:
-                self.limit_waits.append(self.world.now - j.refused_since)
-            j.refused = why
+        if self.gate.check(j, [(r.user, r.gpus) for r in self._running], self.world.now):
             self._bump(j)
-        return bool(why)
-
-    def _unrefuse(self, j: SlurmJob) -> None:
-        """A launch kept pending for a limit no longer is (held or cancelled)."""
-        if j.refused:
-            self.limit_waits.append(self.world.now - j.refused_since)
-            j.refused = ""
+        return bool(j.refused)
 
     def _launch(self, j: SlurmJob, nodes: tuple[int, ...], counts: tuple[int, ...]) -> None:
         m = j.model
