@@ -88,6 +88,25 @@ def test_a_job_behind_its_share_weighs_more() -> None:
     assert age_factor(snap, jobs, 0.0, 1.0, mask) == pytest.approx([1.0, 1.0, 1.0])
 
 
+def test_a_cap_on_aging_leaves_the_jobs_far_behind_ordered_by_remaining_work() -> None:
+    jobs = (
+        _job("an hour", submit_time=0.0),
+        _job("three hours", submit_time=-7200.0),
+        _job("served", submit_time=0.0, attained_service=4 * 3600.0),
+    )
+    snap = Snapshot(now=3600.0, node_gpus=(4, 4, 4), jobs=jobs)
+    every = np.ones(3, dtype=bool)
+    assert age_factor(snap, jobs, 3600.0, 1.0, every) == pytest.approx([2.0, 4.0, 1.0])
+    capped = age_factor(snap, jobs, 3600.0, 1.0, every, cap=2.0)
+    assert capped == pytest.approx([2.0, 2.0, 1.0])
+    # through the policy: the job behind three hours no longer outweighs the one behind one
+    ones = OnesPolicy(tails="all", age_s=3600.0, age_cap=2.0)
+    plain = OnesPolicy(tails="all", age_s=0.0)
+    value, work = np.ones((3, 2)), np.ones(3)
+    ratio = ones.weigh(value, work, jobs, snap) / plain.weigh(value, work, jobs, snap)
+    assert ratio[:, 1] == pytest.approx([2.0, 2.0, 1.0])
+
+
 def test_the_controller_shows_a_job_s_run_time_over_all_its_launches() -> None:
     """The restarts a job earns are per hour of its whole run, not of its current launch:
     the controller showed only the current launch's seconds (``run_seconds``, reset at each

@@ -126,6 +126,11 @@ class OnesPolicy:
     (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1); 0: no
     aging."""
     age_power: float = 1.0
+    age_cap: float = 0.0
+    """The most aging multiplies a job's weight by (0: no cap). Jobs far behind then all
+    weigh alike, ordered among themselves by remaining work rather than by who waited
+    longest (aging without a cap shares the pool among the longest jobs, which all end
+    late)."""
     restarts_free: float = 2.0
     """Restarts a job may suffer before its own run earns it more (``restarts_per_hour``)."""
     restarts_per_hour: float = RESTARTS_PER_HOUR
@@ -411,7 +416,8 @@ class OnesPolicy:
         weights = np.array([j.weight for j in jobs])
         if self.age_s > 0 and snapshot is not None and n:
             mask = guarded(jobs, self.tails)
-            weights = weights * age_factor(snapshot, jobs, self.age_s, self.age_power, mask)
+            factor = age_factor(snapshot, jobs, self.age_s, self.age_power, mask, self.age_cap)
+            weights = weights * factor
         return np.asarray(value * weights.reshape(shape))  # users' fair shares
 
     def holding(self, snapshot: Snapshot, probing: np.ndarray) -> np.ndarray:

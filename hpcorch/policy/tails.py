@@ -14,7 +14,8 @@ end. Three guards, each applied to the jobs :func:`guarded` selects:
   that. Softer than pinning it (a long job pinned on its GPUs holds back the short ones
   that arrive; measured worse);
 * **aging** (:func:`age_factor`): a job behind an equal share of the pool by ``age_s``
-  seconds (waiting, or shrunk below its share) weighs twice as much;
+  seconds (waiting, or shrunk below its share) weighs twice as much, and at most
+  ``age_cap`` times as much;
 * **the GPU-time a resize wastes**
   (:meth:`hpcorch.policy.ones.OnesPolicy.charge`): a running job's change is charged the
   value of the GPU-seconds its restart idles, spread over the time the change would last.
@@ -83,10 +84,19 @@ def behind(snapshot: Snapshot, jobs: Sequence[JobView]) -> np.ndarray:
 
 
 def age_factor(
-    snapshot: Snapshot, jobs: Sequence[JobView], age_s: float, power: float, mask: np.ndarray
+    snapshot: Snapshot,
+    jobs: Sequence[JobView],
+    age_s: float,
+    power: float,
+    mask: np.ndarray,
+    cap: float = 0.0,
 ) -> np.ndarray:
     """Each job's weight factor for how far it is behind its share (1 where ``age_s`` is 0
-    or the job is not in ``mask``): ``(1 + behind / age_s) ** power``."""
+    or the job is not in ``mask``): ``(1 + behind / age_s) ** power``, at most ``cap`` (0:
+    no cap)."""
     if age_s <= 0 or not mask.any():
         return np.ones(len(jobs))
-    return np.where(mask, (1.0 + behind(snapshot, jobs) / age_s) ** power, 1.0)
+    factor = (1.0 + behind(snapshot, jobs) / age_s) ** power
+    if cap > 0:
+        factor = np.minimum(factor, max(cap, 1.0))
+    return np.where(mask, factor, 1.0)
