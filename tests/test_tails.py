@@ -46,9 +46,10 @@ def test_a_job_past_its_restarts_keeps_its_gpus_unless_a_change_gains_more() -> 
     assert out[0, 1, 2] == pytest.approx(3.0) and out[0, 0, 2] == pytest.approx(1.5)
 
 
-def test_the_guards_apply_to_the_jobs_of_unknown_length_by_default() -> None:
+def test_the_guards_apply_to_every_job_by_default_and_can_be_narrowed() -> None:
     jobs = (_job("unknown"), _job("known", length_known=True))
-    assert OnesPolicy().tails == "unknown"
+    assert OnesPolicy().tails == "all"
+    assert OnesPolicy().age_s > 0 and OnesPolicy().age_cap > 1
     assert list(guarded(jobs, "unknown")) == [True, False]
     assert list(guarded(jobs, "all")) == [True, True]
     assert not guarded(jobs, "none").any()
@@ -57,11 +58,12 @@ def test_the_guards_apply_to_the_jobs_of_unknown_length_by_default() -> None:
 
 
 def test_a_resize_of_a_job_of_unknown_length_is_charged_the_gpu_time_it_wastes() -> None:
-    """By default a running job of unknown length is charged, for a change, the value of
-    the GPU-seconds its restart idles (the running jobs' value per GPU, times the restart
-    cost, times the GPUs it idles, over the time the change lasts); a job of known length
-    is not (its estimate does not change as it runs)."""
-    policy = OnesPolicy(seed=0)
+    """A running job of unknown length is charged, for a change, the value of the
+    GPU-seconds its restart idles (the running jobs' value per GPU, times the restart
+    cost, times the GPUs it idles, over the time the change lasts); with ``tails`` narrowed
+    to those jobs, a job of known length is not (its estimate does not change as it runs);
+    by default it is."""
+    policy = OnesPolicy(seed=0, tails="unknown")
     jobs = (_job("u", **RUN), _job("k", length_known=True, **RUN))
     snap = Snapshot(now=0.0, node_gpus=(4, 4), jobs=jobs, restart_cost_s=25.0)
     value = np.array([[0.0, 0.5, 0.8, 0.9, 1.0, 1.1], [0.0, 0.5, 0.8, 0.9, 1.0, 1.1]])
@@ -73,7 +75,7 @@ def test_a_resize_of_a_job_of_unknown_length_is_charged_the_gpu_time_it_wastes()
     assert out[0, 5] == pytest.approx(1.1 - lam * 25.0 * 5 / 1000.0)
     assert out[0, 2] == pytest.approx(0.8 - lam * 25.0 * 4 / 1000.0)  # its 4 GPUs idle
     assert out[1] == pytest.approx(value[1])  # known length: not charged
-    assert OnesPolicy(tails="all").charge(value, t, cur, snap)[1, 5] < 1.1
+    assert OnesPolicy().charge(value, t, cur, snap)[1, 5] < 1.1
 
 
 def test_a_job_behind_its_share_weighs_more() -> None:

@@ -42,7 +42,8 @@ from hpcorch.policy.types import JobView, Plan, Snapshot
 DEPARTED_KEEP = 2000
 """Jobs that left the pool whose GPU-seconds ONES remembers (the newest)."""
 WASTE_HORIZON_S = 3600.0
-AGE_S = 0.0
+AGE_S = 1800.0
+AGE_CAP = 2.0
 RESTARTS_PER_HOUR = 0.0
 
 
@@ -101,7 +102,7 @@ class OnesPolicy:
     it took ``waste x restart cost x g x (other jobs / pool GPUs)`` seconds longer (the
     pool's GPU-seconds idle while it restarts delay every other job's work); 0: only its
     own restart cost counts."""
-    tails: str = "unknown"
+    tails: str = "all"
     """The jobs the tail guards below apply to (:mod:`hpcorch.policy.tails`): ``all``,
     ``unknown`` (those of unknown length, whose remaining work is a guess that changes as
     they run) or ``none``."""
@@ -126,7 +127,7 @@ class OnesPolicy:
     (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1); 0: no
     aging."""
     age_power: float = 1.0
-    age_cap: float = 0.0
+    age_cap: float = AGE_CAP
     """The most aging multiplies a job's weight by (0: no cap). Jobs far behind then all
     weigh alike, ordered among themselves by remaining work rather than by who waited
     longest (aging without a cap shares the pool among the longest jobs, which all end
