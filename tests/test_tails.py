@@ -1,6 +1,6 @@
 """Fair tails: a job's restarts bounded per hour of its own run, waiting or shrunk jobs
-aged, and a resize charged the GPU-time it wastes (:mod:`hpcorch.policy.tails`), on the
-jobs of unknown length by default."""
+aged, and a resize charged the GPU-time it wastes (:mod:`hpcorch.policy.tails`), on
+every job by default (or on the jobs of unknown length only)."""
 
 from __future__ import annotations
 
@@ -101,12 +101,20 @@ def test_a_cap_on_aging_leaves_the_jobs_far_behind_ordered_by_remaining_work() -
     assert age_factor(snap, jobs, 3600.0, 1.0, every) == pytest.approx([2.0, 4.0, 1.0])
     capped = age_factor(snap, jobs, 3600.0, 1.0, every, cap=2.0)
     assert capped == pytest.approx([2.0, 2.0, 1.0])
-    # through the policy: the job behind three hours no longer outweighs the one behind one
-    ones = OnesPolicy(tails="all", age_s=3600.0, age_cap=2.0)
-    plain = OnesPolicy(tails="all", age_s=0.0)
-    value, work = np.ones((3, 2)), np.ones(3)
-    ratio = ones.weigh(value, work, jobs, snap) / plain.weigh(value, work, jobs, snap)
-    assert ratio[:, 1] == pytest.approx([2.0, 2.0, 1.0])
+    assert age_factor(snap, jobs, 3600.0, 2.0, every, cap=2.0) == pytest.approx([2.0, 2.0, 1.0])
+    some = np.array([True, False, True])
+    assert age_factor(snap, jobs, 3600.0, 1.0, some, cap=2.0) == pytest.approx([2.0, 1.0, 1.0])
+    # a cap below 1 ages no job
+    assert age_factor(snap, jobs, 3600.0, 1.0, every, cap=0.5) == pytest.approx([1.0] * 3)
+    # through the policy (value: each job's completion rate): uncapped, the job behind
+    # three hours outweighs the one behind one though it has twice the work left; capped,
+    # the one with less work left weighs more again
+    work = np.array([1000.0, 2000.0, 500.0])
+    value = np.stack([np.zeros(3), 1.0 / work], axis=1)
+    capped_w = OnesPolicy(tails="all", age_s=3600.0, age_cap=2.0).weigh(value, work, jobs, snap)
+    free_w = OnesPolicy(tails="all", age_s=3600.0, age_cap=0.0).weigh(value, work, jobs, snap)
+    assert free_w[1, 1] > free_w[0, 1]
+    assert capped_w[0, 1] > capped_w[1, 1]
 
 
 def test_the_controller_shows_a_job_s_run_time_over_all_its_launches() -> None:

@@ -124,14 +124,14 @@ class OnesPolicy:
     (:meth:`lasts`) rather than ``waste_horizon_s``."""
     age_s: float = AGE_S
     """A guarded job behind its fair share of the pool by this many seconds
-    (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1); 0: no
-    aging."""
+    (:func:`hpcorch.policy.tails.behind`) weighs twice as much (``age_power`` 1, up to
+    ``age_cap``); 0: no aging."""
     age_power: float = 1.0
     age_cap: float = AGE_CAP
-    """The most aging multiplies a job's weight by (0: no cap). Jobs far behind then all
-    weigh alike, ordered among themselves by remaining work rather than by who waited
-    longest (aging without a cap shares the pool among the longest jobs, which all end
-    late)."""
+    """The most aging multiplies a job's weight by (0: no cap; below 1: no aging). Jobs far
+    behind then all weigh alike, ordered among themselves by remaining work rather than by
+    who waited longest (aging without a cap shares the pool among the longest jobs, which
+    all end late)."""
     restarts_free: float = 2.0
     """Restarts a job may suffer before its own run earns it more (``restarts_per_hour``)."""
     restarts_per_hour: float = RESTARTS_PER_HOUR

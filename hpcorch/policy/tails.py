@@ -92,8 +92,8 @@ def age_factor(
     cap: float = 0.0,
 ) -> np.ndarray:
     """Each job's weight factor for how far it is behind its share (1 where ``age_s`` is 0
-    or the job is not in ``mask``): ``(1 + behind / age_s) ** power``, at most ``cap`` (0:
-    no cap)."""
+    or the job is not in ``mask``): ``(1 + behind / age_s) ** power``, at most
+    ``max(cap, 1)`` (a cap below 1 ages no job; 0 or less: no cap)."""
     if age_s <= 0 or not mask.any():
         return np.ones(len(jobs))
     factor = (1.0 + behind(snapshot, jobs) / age_s) ** power

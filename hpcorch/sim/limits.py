@@ -6,16 +6,20 @@ As slurmctld does, the simulated Slurm keeps a released launch that would pass o
 pending with Slurm's reason (``QOSMaxGRESPerUser``, ``QOSMaxJobsPerUserLimit``,
 ``QOSMaxGRESPerJob``) until it fits. ``visible``: the cluster reports the limits and usage
 (as ``scontrol show assoc_mgr`` does) so the controller plans within them; else it learns
-them only from the launches Slurm keeps pending (a limit it cannot read). Pure.
+them only from the launches Slurm keeps pending (a limit it cannot read). :class:`SimLimits`
+is pure; :class:`LimitGate` applies it to the simulated Slurm's jobs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hpcorch.limits import Amounts, Cap, LimitBook
-from hpcorch.sim.slurm_jobs import SlurmJob
+
+if TYPE_CHECKING:
+    from hpcorch.sim.slurm_jobs import SlurmJob
 
 QOS = "normal"
 

@@ -428,7 +428,7 @@ class SimSlurm:
 
     def _refused(self, j: SlurmJob) -> bool:
         """Kept pending for a limit (:class:`hpcorch.sim.limits.LimitGate`)."""
-        if self.limits is None:
+        if self.gate.limits is None:
             return False
         if self.gate.check(j, [(r.user, r.gpus) for r in self._running], self.world.now):
             self._bump(j)
