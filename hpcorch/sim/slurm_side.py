@@ -58,8 +58,9 @@ FIRST_JOB_ID = 1000
 JOB_DIR_PREFIX = "/sim/"
 """Simulated job directories: plain absolute paths, as the controller accepts."""
 FIRST_LINE_S = 5.0
-"""A job's first line at a batch it was given live comes this long after (the runtime
-closes its line at the change and writes the next one a metrics interval later, 5 s)."""
+"""A launch's first line comes this long after it starts training, and a job's first line
+at a batch it was given live this long after the change (the runtime writes a line every
+metrics interval, 5 s, and closes one at a change); later lines every ``report_s``."""
 FINISHED = ("COMPLETED", "CANCELLED")
 """The states of a job that is done for good (a requeued one is PENDING again)."""
 
@@ -370,6 +371,7 @@ class SimSlurm:
             if not j.training and m.rescale_left <= 0:
                 j.training = True
                 line(j, now + startup, "start")
+                j.line_due = now + startup + FIRST_LINE_S  # the runtime's first interval
             if trained > 0:
                 it = iteration_time(j)
                 j.steps += trained / it

@@ -181,6 +181,29 @@ def test_the_first_line_at_a_live_batch_comes_a_metrics_interval_after(
     assert len(side.read_metrics(job_dir, 0, -1)[0]) == len(lines)
 
 
+def test_a_launch_s_first_line_comes_a_metrics_interval_after_it_trains(
+    apps: dict[str, AppTrace],
+) -> None:
+    """A launch's first ``steps`` line comes 5 s after it starts training, as the runtime
+    writes it, and the driver is told when: the controller plans a new job's next round
+    from that line (``LoopConfig.measured_round``), not a report interval later."""
+    side = SimSlurm([WorkloadJob("a", 0.0, "cifar10", 2, 128)], apps, (4,), COST, report_s=60.0)
+    side.advance(1)
+    (seen,) = side.observe().jobs
+    side.start(seen.slurm_id, Shape(1, 2, ("sim000",), per_node=(2,)))
+    job = side.jobs[0]
+    side.observe()
+    assert side.next_event() == job.train_at
+    side.advance_to(job.train_at)
+    side.observe()
+    assert side.next_event() == job.train_at + FIRST_LINE_S
+    side.advance_to(job.train_at + FIRST_LINE_S)
+    lines, _ = side.read_metrics(seen.tags["dir"], 0, -1)
+    steps = [ln for ln in lines if ln["event"] == "steps"]
+    assert [ln["time"] for ln in steps] == [job.train_at + FIRST_LINE_S]
+    assert side.next_event() >= job.train_at + 60.0  # then every report_s
+
+
 def test_next_event_is_never_later_than_what_happens(apps: dict[str, AppTrace]) -> None:
     jobs = [WorkloadJob("a", 0.0, "ncf", 1, 256), WorkloadJob("b", 500.0, "ncf", 1, 256)]
     side = SimSlurm(jobs, apps, (4,), COST)
@@ -192,6 +215,8 @@ def test_next_event_is_never_later_than_what_happens(apps: dict[str, AppTrace]) 
     assert side.next_event() == pytest.approx(31.0)  # it starts training
     side.advance_to(31.0)
     job = side.jobs[0]
+    assert side.next_event() == pytest.approx(31.0 + FIRST_LINE_S)  # its first line
+    side.advance_to(31.0 + FIRST_LINE_S)
     done = job.finish_at
     assert math.isfinite(done) and side.next_event() == pytest.approx(min(done - 1.0, 500.0))
     side.advance_to(done)
