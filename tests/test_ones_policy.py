@@ -143,6 +143,36 @@ def test_ones_shown_the_fixed_jobs_keeps_them_and_plans_around_them(
         assert alone["fixed"].gpus == 3 and dict(alone["fixed"].placement) == {0: 3}
 
 
+@pytest.mark.parametrize("others", [False, True])
+def test_a_job_that_cannot_be_stopped_yet_gets_its_batch_planned_when_no_job_can_move(
+    others: bool,
+) -> None:
+    """A new job trains at the batch its first measurements call for (a probe here: it
+    was measured at one per-GPU batch) before it may be stopped, also in a round where no
+    job may move, or no GPU is free for those that wait: the policy is still asked."""
+    fixed = _job(
+        "fixed",
+        gpus=4,
+        placement={0: 4},
+        batch=64,
+        micro_batch=16,
+        min_batch=16,
+        max_batch=256,
+        resizable=False,
+        profile=(_step(1, 4, 16, 1),),
+    )
+    queued = (_job("waits", min_gpus=2),) if others else ()
+    snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(fixed, *queued), restart_cost_s=24.5)
+    plan = split_schedule(OnesPolicy(seed=0), snap)
+    validate_plan(snap, plan)
+    by = plan.by_id()
+    assert by["fixed"].gpus == 4 and dict(by["fixed"].placement) == {0: 4}
+    assert by["fixed"].micro_batch != 16  # another per-GPU batch, measured for free
+    assert "waits" not in by
+    kept = split_schedule(OnesPolicy(seed=0, sees_fixed=False), snap).by_id()
+    assert kept["fixed"].global_batch == 64  # a policy that does not plan around it
+
+
 def test_the_simulation_shows_ones_the_fixed_jobs_as_production_does() -> None:
     """The simulator times the policy through a wrapper; the wish to see the fixed jobs
     passes through it as the controller passes the policy itself in production."""

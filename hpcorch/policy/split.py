@@ -60,10 +60,13 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
         plans += _least_attained(snapshot, unpredictable, free, fixed_ids)
     taken = {p.job_id for p in plans} | {j.job_id for j in unpredictable}
     rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
-    if rest and sum(free) > 0:  # no GPU left: the rest wait
+    sees = bool(getattr(policy, "sees_fixed", False) and fixed)
+    # asked with no GPU free, or no job to move, only by a policy that plans the fixed
+    # jobs' batches (else: the rest wait)
+    if (rest and sum(free) > 0) or sees:
         cpus = _free_cpus(snapshot, plans)
         shown: tuple[JobView, ...] = ()
-        if getattr(policy, "sees_fixed", False) and fixed:
+        if sees:
             # the fixed jobs, pinned where they are, on GPUs given back to the pool seen:
             # the policy ranks and remembers them as it does every job
             shown = tuple(_pinned(j) for j in fixed)
