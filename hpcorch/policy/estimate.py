@@ -52,6 +52,9 @@ class Estimates:
     fastest count up to ``gmax`` (1 at the best, 0 where infeasible)."""
     remaining: np.ndarray | None = None
     """Seconds to finish if every remaining epoch ran at its own best GPU count."""
+    now_left: np.ndarray | None = None
+    """Seconds each job's current epoch has left at its best GPU count there (0 where its
+    application was never measured: its speeds are a guess)."""
     network: Network | None = None
     """The cluster's seconds per gradient byte learned from this round's models (a policy
     that keeps state passes it to the next round's :func:`estimate`)."""
@@ -146,6 +149,7 @@ def estimate(
     batch = np.zeros((n, width), dtype=np.int64)
     speed_now = np.zeros((n, width))
     remaining = np.zeros(n)
+    now_left = np.zeros(n)
     units = np.zeros(n)  # remaining progress units each row stands for
     worked = np.array([(done or {}).get(j.job_id, j.attained_service) for j in jobs], dtype=float)
     measured = np.array([bool(samples.get(key[j.job_id])) for j in jobs], dtype=bool)
@@ -208,6 +212,8 @@ def estimate(
             remaining[i] = float((seg_w * seg_best.min(axis=1)).sum())
             with np.errstate(divide="ignore"):
                 speed_now[i, lo + 1 : k + 1] = seg_best[0].min() / seg_best[0]
+            if measured[i]:
+                now_left[i] = float(seg_w[0] * seg_best[0].min())
             time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
             batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
             g0 = j.gpus
@@ -230,6 +236,7 @@ def estimate(
         )  # fmt: skip
         time *= factor[:, None]
         remaining *= factor
+        now_left *= factor
     return Estimates(
         jobs=jobs,
         time=time,
@@ -241,6 +248,7 @@ def estimate(
         network=learn_network([m for m in models.values() if m.model_bytes > 0]),
         speed_now=speed_now,
         remaining=remaining,
+        now_left=now_left,
         done=worked,
     )
 
@@ -256,6 +264,24 @@ def one_gpu_time(time: np.ndarray, gmin: np.ndarray) -> np.ndarray:
     rows = np.flatnonzero(ok)
     out[rows] = time[rows, g0[rows]] * g0[rows]
     return out
+
+
+def slow_now(est: Estimates, floor: float, min_left_s: float) -> np.ndarray:
+    """``slow[j, g]``: GPU counts above job ``j``'s best in its current epoch at which it
+    would train that epoch at under ``floor`` times its best speed there, for the jobs
+    whose current epoch has at least ``min_left_s`` seconds left at its best. The remaining
+    time ``time[j, g]`` assumes a job keeps ``g`` GPUs to its end, so it can prefer a count
+    that only later epochs use well (yolov3's first epoch, whose gradient noise is tiny,
+    runs 3-4x slower on 16-64 GPUs than on one); the job is replanned every round, so
+    such a count only slows it now, on more GPUs."""
+    n, width = est.time.shape
+    if est.speed_now is None or est.now_left is None or floor <= 0 or n == 0:
+        return np.zeros((n, width), dtype=bool)
+    speed = est.speed_now
+    best = np.argmax(speed, axis=1)  # the first count at the best speed
+    cols = np.arange(width)[None, :]
+    slow = (cols > best[:, None]) & (speed < floor)
+    return np.asarray(slow & (est.now_left >= min_left_s)[:, None], dtype=bool)
 
 
 SEGMENTS = 6

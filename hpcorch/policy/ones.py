@@ -30,7 +30,7 @@ import numpy as np
 
 from hpcorch.model.throughput import Network
 from hpcorch.policy.cpus import fit_cpus
-from hpcorch.policy.estimate import Estimates, estimate, one_gpu_time
+from hpcorch.policy.estimate import Estimates, estimate, one_gpu_time, slow_now
 from hpcorch.policy.lengths import Prior
 from hpcorch.policy.ones_ops import Ops, group_masks
 from hpcorch.policy.ones_types import schedule_types
@@ -87,6 +87,11 @@ class OnesPolicy:
     """Score a GPU count by the job's speed in its current epoch (the remaining time at
     each epoch's best count, stretched by the current relative speed) instead of the
     remaining time if the job kept that count to the end."""
+    now_floor: float = 0.0
+    """Plan no job on more GPUs than its best count in its current epoch where it would
+    train that epoch at under this fraction of its best speed there
+    (:func:`hpcorch.policy.estimate.slow_now`; jobs about to finish or that cannot be
+    resized keep their GPUs); 0: off."""
     probe: bool = True
     """Plan a running job measured at one per-GPU batch only at another for a round (a
     batch-only change, no restart: :mod:`hpcorch.policy.probe`)."""
@@ -191,6 +196,8 @@ class OnesPolicy:
         if self.probe and self.probe_hold_s > 0:
             probing = self.holding(snapshot, np.array(needs_probe(jobs, est), dtype=bool) & ~pinned)
             value[probing[:, None] & change & (cols > 0)] = -np.inf
+        if self.now_floor > 0:
+            value = self.floor_now(value, est)
         groups = group_masks(snapshot, jobs)
         whole = t if self.whole_set else None
         ops = Ops(value, est.gmax, total, rng, whole, est.gmin, groups, pinned)
@@ -234,6 +241,15 @@ class OnesPolicy:
         """The running jobs that keep their GPUs this round: those that cannot be stopped
         now."""
         return np.array([j.running and not j.resizable for j in jobs], dtype=bool)
+
+    def floor_now(self, value: np.ndarray, est: Estimates) -> np.ndarray:
+        """``value`` without the counts too slow in each job's current epoch (see
+        ``now_floor``), but for a job left no count to run on (one about to finish, held
+        for a probe or that cannot be resized, on such a count now)."""
+        slow = slow_now(est, self.now_floor, self.min_resize_s)
+        floored = np.where(slow, -np.inf, value)
+        left = np.asarray(np.isfinite(floored[:, 1:]).any(axis=1), dtype=bool)
+        return np.where(left[:, None], floored, value)
 
     def guard(self, value: np.ndarray, cur: np.ndarray, jobs: Sequence[JobView]) -> np.ndarray:
         """``value`` with the current allocation of each guarded job past the restarts its
