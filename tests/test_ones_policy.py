@@ -111,23 +111,27 @@ def test_a_job_that_needs_two_gpus_is_not_starved_by_its_priority() -> None:
     assert set(plan) == {"pair"} and plan["pair"].gpus == 2
 
 
+def _fixed(gpus: int, **kw: object) -> JobView:
+    """A job running on ``gpus`` GPUs of node 0 at 16 a GPU that cannot be stopped yet."""
+    return _job(
+        "fixed",
+        gpus=gpus,
+        placement={0: gpus},
+        batch=16 * gpus,
+        micro_batch=16,
+        accum_steps=1,
+        resizable=False,
+        **kw,
+    )
+
+
 @pytest.mark.parametrize("cpus", [(), (48, 48)])
 def test_ones_shown_the_fixed_jobs_keeps_them_and_plans_around_them(
     cpus: tuple[int, ...],
 ) -> None:
     """A job that cannot be stopped yet is shown to ONES pinned where it runs: it keeps
     its GPUs and node, ONES remembers it in its population, the others fit beside it."""
-    fixed = _job(
-        "fixed",
-        gpus=3,
-        placement={0: 3},
-        batch=48,
-        micro_batch=16,
-        accum_steps=1,
-        resizable=False,
-        epoch=9,
-        progress=9900.0,
-    )
+    fixed = _fixed(3, epoch=9, progress=9900.0)
     jobs = (fixed, _job("a", epoch=2, progress=2000.0), _job("b", epoch=1, progress=1000.0))
     snap = Snapshot(now=0.0, node_gpus=(4, 4), jobs=jobs, restart_cost_s=24.5, node_cpus=cpus)
     for sees in (False, True):
@@ -150,17 +154,7 @@ def test_a_job_that_cannot_be_stopped_yet_gets_its_batch_planned_when_no_job_can
     """A new job trains at the batch its first measurements call for (a probe here: it
     was measured at one per-GPU batch) before it may be stopped, also in a round where no
     job may move, or no GPU is free for those that wait: the policy is still asked."""
-    fixed = _job(
-        "fixed",
-        gpus=4,
-        placement={0: 4},
-        batch=64,
-        micro_batch=16,
-        min_batch=16,
-        max_batch=256,
-        resizable=False,
-        profile=(_step(1, 4, 16, 1),),
-    )
+    fixed = _fixed(4, min_batch=16, max_batch=256, profile=(_step(1, 4, 16, 1),))
     queued = (_job("waits", min_gpus=2),) if others else ()
     snap = Snapshot(now=0.0, node_gpus=(4,), jobs=(fixed, *queued), restart_cost_s=24.5)
     plan = split_schedule(OnesPolicy(seed=0), snap)
