@@ -91,7 +91,8 @@ class OnesPolicy:
     """Plan no job on more GPUs than its best count in its current epoch where it would
     train that epoch at under this fraction of its best speed there
     (:func:`hpcorch.policy.estimate.slow_now`; jobs about to finish or that cannot be
-    resized keep their GPUs); 0: off."""
+    resized keep their GPUs); 0: off. Pools of one GPU type only: the type-aware search
+    (:mod:`hpcorch.policy.ones_types`) does not apply it."""
     probe: bool = True
     """Plan a running job measured at one per-GPU batch only at another for a round (a
     batch-only change, no restart: :mod:`hpcorch.policy.probe`)."""

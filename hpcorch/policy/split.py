@@ -56,14 +56,17 @@ def split_schedule(policy: Policy, snapshot: Snapshot) -> Plan:
         return policy.schedule(snapshot)
     plans: list[JobPlan] = [keep_plan(j) for j in fixed]
     free = free_gpus(snapshot, {j.job_id: j.placement for j in fixed})
+    idle = sum(free)  # before the unpredictable jobs take theirs
     if unpredictable:
         plans += _least_attained(snapshot, unpredictable, free, fixed_ids)
     taken = {p.job_id for p in plans} | {j.job_id for j in unpredictable}
     rest = tuple(j for j in snapshot.jobs if j.job_id not in taken)
     sees = bool(getattr(policy, "sees_fixed", False) and fixed)
-    # asked with no GPU free, or no job to move, only by a policy that plans the fixed
-    # jobs' batches (else: the rest wait)
-    if (rest and sum(free) > 0) or sees:
+    # A policy that plans the fixed jobs' batches is asked also where no other job may
+    # move: none is left, or the fixed jobs hold every GPU (the rest are queued). Not where
+    # the unpredictable jobs took the last GPUs: a running job shown to it would be planned
+    # on GPUs no longer its own.
+    if (rest and sum(free) > 0) or (sees and (not rest or idle == 0)):
         cpus = _free_cpus(snapshot, plans)
         shown: tuple[JobView, ...] = ()
         if sees:

@@ -58,9 +58,10 @@ FIRST_JOB_ID = 1000
 JOB_DIR_PREFIX = "/sim/"
 """Simulated job directories: plain absolute paths, as the controller accepts."""
 FIRST_LINE_S = 5.0
-"""A launch's first line comes this long after it starts training, and a job's first line
-at a batch it was given live this long after the change (the runtime writes a line every
-metrics interval, 5 s, and closes one at a change); later lines every ``report_s``."""
+"""A launch's first line comes at most this long after it starts training (sooner where the
+world is advanced to another event in between), and a job's first line at a batch it was
+given live this long after the change (the runtime writes a line every metrics interval,
+5 s, and closes one at a change); later lines every ``report_s``."""
 FINISHED = ("COMPLETED", "CANCELLED")
 """The states of a job that is done for good (a requeued one is PENDING again)."""
 
