@@ -210,10 +210,11 @@ def estimate(
             lo = max(min(j.min_gpus, k), 1) - 1
             seg_best = per_best[:, lo:k]
             remaining[i] = float((seg_w * seg_best.min(axis=1)).sum())
+            fastest = seg_best[0].min()  # seconds per unit in its current epoch
             with np.errstate(divide="ignore"):
-                speed_now[i, lo + 1 : k + 1] = seg_best[0].min() / seg_best[0]
+                speed_now[i, lo + 1 : k + 1] = fastest / seg_best[0]
             if measured[i]:
-                now_left[i] = float(seg_w[0] * seg_best[0].min())
+                now_left[i] = float(seg_w[0] * fastest)
             time[i, 1 : min(j.min_gpus, k + 1)] = np.inf  # below the job's minimum
             batch[i, 1 : k + 1] = eff[rows[:k], best_now[:k]]
             g0 = j.gpus
