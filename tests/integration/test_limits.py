@@ -80,11 +80,16 @@ def clear_limits(pool: Pool) -> None:
 
 
 @pytest.fixture
-def ctl(lsite: LimitSite, tmp_path: Path) -> Iterator[ControllerProc]:
+def ctl(
+    lsite: LimitSite, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[ControllerProc]:
+    """The controller on the pool, with the ``share`` policy unless a test asks for another
+    (``@pytest.mark.parametrize("ctl", [...], indirect=True)``)."""
     pool = lsite.pool
+    policy = getattr(request, "param", "share")
     c = ControllerProc(
         pool, tmp_path / "ctl", lsite.reservation, "--spool", str(lsite.spool),
-        "--policy", "share", *FAST,
+        "--policy", policy, *FAST,
     )  # fmt: skip
     try:
         yield c
@@ -309,14 +314,41 @@ def test_a_drained_node_is_given_back_under_a_limit(lsite: LimitSite, ctl: Contr
             wait_for("her job on both nodes", lambda: nodes() == "gpu-a[001-002]", 120, ctl.log)
             wait_for("it trains", lambda: ctl.training(job), 60, ctl.log)
             pool.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=repair")
-
-            def drained() -> bool:
-                state = pool.run("sinfo", "-h", "-N", "-n", node, "-o", "%t").stdout
-                return state.strip() == "drain"
-
-            wait_for(f"{node} drained", drained, 60, ctl.log)
+            wait_for(f"{node} drained", lambda: drained(pool, node), 60, ctl.log)
             finish(ctl, watch, {job})
         rec = ctl.record(job)
         assert rec is not None and rec.moved.startswith(f"moved off {node}"), rec
     finally:
         pool.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+@pytest.mark.parametrize("ctl", ["ones"], indirect=True)
+def test_ones_plans_within_a_qos_limit_and_gives_a_drained_node_back(
+    lsite: LimitSite, ctl: ControllerProc
+) -> None:
+    """ONES, the default policy, as the two tests above run the ``share`` one: alice's two
+    elastic 1-8 GPU jobs under QOS normal MaxTRESPerUser=gres/gpu=4 never hold more than 4
+    GPUs, and neither is left pending for the limit longer than a cycle (a plan Slurm
+    refused, planned again, would be); an admin drains a pool node under them: it is
+    DRAINED within 60 s and both complete."""
+    pool = lsite.pool
+    sacctmgr(pool, "modify", "qos", "normal", "set", "MaxTRESPerUser=gres/gpu=4")
+    node = "gpu-a002"
+    try:
+        with PendingWatch(pool) as watch:
+            ctl.start()
+            jobs = {lsite.submit_id(ALICE, 1, 8, work=30) for _ in range(2)}
+            wait_for("one trains", lambda: any(ctl.training(j) for j in jobs), 120, ctl.log)
+            pool.run("scontrol", "update", f"nodename={node}", "state=drain", "reason=repair")
+            wait_for(f"{node} drained", lambda: drained(pool, node), 60, ctl.log)
+            finish(ctl, watch, jobs)
+        ((gpus, _),) = watch.peak(jobs).values()
+        assert 1 <= gpus <= 4
+        assert "Traceback" not in ctl.log.read_text()
+    finally:
+        pool.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+def drained(pool: Pool, node: str) -> bool:
+    """``node`` is DRAINED (no job left on it), as sinfo says."""
+    return pool.run("sinfo", "-h", "-N", "-n", node, "-o", "%t").stdout.strip() == "drain"
